@@ -1,0 +1,629 @@
+"""The op catalog (DESIGN §2): for each outbox op, its payload fields, the rules that refuse it,
+and what it does to each table. Adding an op is one `OpSpec` in `CATALOG`.
+
+Every op is handled in two steps. `parse` is stateless and runs for every op. `check` reads the
+tables as of the op and raises `RefusedOp`; it runs only while an op's verdict is still open
+(a verdict once recorded is reused, see `writer`). `apply` changes the working tables; it is
+written to be harmless on a table that already holds the op's effect.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import fields as f
+from .errors import RefusedOp
+from .fields import Field
+from .state import Row, TenantState
+from .tables import AREA_STATUSES, BODY_REFS, GRAPHS, PROVENANCES, SILVER_CLAIMS
+
+
+@dataclass(frozen=True)
+class Op:
+    """One sequenced outbox row, its payload parsed."""
+
+    seq: int
+    journal_seq: int
+    tenant_id: str
+    name: str
+    payload: dict[str, Any]
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    fields: tuple[Field, ...]
+    apply: Callable[[Op, TenantState], None]
+    check: Callable[[Op, TenantState], None] = lambda op, state: None
+    validate: Callable[[dict[str, Any]], None] = lambda args: None
+
+
+# --- shared field sets -------------------------------------------------------------------------
+
+_ATTACHMENT = f.record(
+    Field("plaintext_digest", f.hex_digest),
+    Field("ciphertext_digest", f.hex_digest),
+    Field("media_type", f.text),
+    Field("size_bytes", f.integer),
+)
+
+# Every silver column that comes from the submission (all but tenant_id, state, body,
+# retracted_at, applied_seq, fold_seq).
+_SUBMISSION = (
+    Field("artifact_id", f.uuid_text),
+    Field("version", f.positive),
+    Field("claim_key", f.text),
+    Field("kind", f.text),
+    Field("workarea_id", f.uuid_text),
+    Field("workarea_path_at_write", f.text),
+    Field("writer_identity", f.text),
+    Field("principal", f.text),
+    Field("producer", f.text, required=False, nullable=True),
+    Field("provenance", f.one_of(*PROVENANCES)),
+    Field("simulation_id", f.uuid_text, required=False, nullable=True),
+    Field("sim_derived_ids", f.list_of(f.uuid_text), required=False, nullable=True),
+    Field("plaintext_digest", f.hex_digest),
+    Field("ciphertext_digest", f.hex_digest),
+    Field("body_ref", f.one_of(*BODY_REFS)),
+    Field("attachments", f.list_of(_ATTACHMENT), required=False, nullable=True),
+    Field("created_at", f.instant),
+    Field("promoted_at", f.instant),
+)
+_CLAIM_KEY = (Field("artifact_id", f.uuid_text), Field("version", f.positive))
+_AT = Field("at", f.instant)
+
+
+def _claim_key(op: Op) -> tuple[str, int]:
+    return (op.args["artifact_id"], op.args["version"])
+
+
+def _describe(key: tuple[str, int]) -> str:
+    return f"artifact {key[0]} version {key[1]}"
+
+
+def _require_simulation_id(args: dict[str, Any]) -> None:
+    if args.get("provenance") == "simulation" and not args.get("simulation_id"):
+        raise RefusedOp("field 'simulation_id' is required when provenance is simulation")
+
+
+# --- shared rules ------------------------------------------------------------------------------
+
+
+def _held_row(op: Op, state: TenantState) -> Row:
+    """The silver row a claim op targets, or a refusal: the lake must hold it, and an op at or
+    below the row's fold_seq (a reconciler repair) is too old."""
+    key = _claim_key(op)
+    row = state.silver.get(key)
+    if row is None:
+        raise RefusedOp(f"{op.name} of a row the lake does not hold: {_describe(key)}")
+    _check_fold_seq(op, row)
+    return row
+
+
+def _check_fold_seq(op: Op, row: Row) -> None:
+    fold_seq = row.get("fold_seq")
+    if fold_seq is not None and op.journal_seq <= fold_seq:
+        raise RefusedOp(
+            f"{op.name} at journal_seq {op.journal_seq} is not newer than the row's "
+            f"fold_seq {fold_seq} ({_describe((row['artifact_id'], row['version']))})"
+        )
+
+
+def _area_status(state: TenantState, workarea_id: str) -> str | None:
+    area = state.areas.get((workarea_id,))
+    return area["status"] if area else None
+
+
+def _retracted(row: Row, new_state: str, at: dt.datetime) -> Row | None:
+    """The row after a demote or erase, or None when the row already made that move (or is
+    erased, which is terminal)."""
+    current = row["state"]
+    if current == "erased" or current == new_state:
+        return None
+    if new_state == "demoted" and current not in ("promoted", "held"):
+        return None
+    changed = dict(row, state=new_state, retracted_at=at)
+    if new_state == "erased":
+        changed.update(body_ciphertext=None, attachments=None)
+    return changed
+
+
+def _retract_everywhere(op: Op, state: TenantState, new_state: str) -> None:
+    """A demote or erase: silver and, when the row's area is validated, its curated table, under
+    the same op and so the same batch."""
+    key = _claim_key(op)
+    at = op.args["at"]
+    row = state.silver.get(key)
+    if row is not None:
+        changed = _retracted(row, new_state, at)
+        if changed is not None:
+            state.silver.put(changed, op.seq)
+        workarea_id = row["workarea_id"]
+    else:
+        workarea_id = None
+    for curated in _curated_holding(state, key, workarea_id):
+        curated_row = curated.get(key)
+        changed = _retracted(curated_row, new_state, at)
+        if changed is not None:
+            curated.put(changed, op.seq)
+
+
+def _curated_holding(state: TenantState, key, workarea_id: str | None):
+    if workarea_id is not None:
+        curated = state.curated_for(workarea_id)
+        if curated is not None and curated.get(key) is not None:
+            return [curated]
+    # The silver row may be ahead of this op (a table committed before a crash); fall back to
+    # every curated table read for this batch that holds the key.
+    return [c for c in state.curated.values() if c.get(key) is not None]
+
+
+# --- journal.event -----------------------------------------------------------------------------
+
+_EVENT_FIELDS = (
+    Field("journal_seq", f.positive),
+    Field("event_id", f.uuid_text),
+    Field("event_type", f.text),
+    _AT,
+    Field("prev_hash", f.b64),
+    Field("hash", f.b64),
+    Field("sig", f.b64),
+    Field("signed_bytes", f.b64),
+    Field("payload", f.json_text),
+    Field("principal", f.text),
+    Field("api_key_id", f.text),
+    Field("artifact_id", f.uuid_text, required=False, nullable=True),
+    Field("version", f.positive, required=False, nullable=True),
+    Field("workarea_id", f.uuid_text, required=False, nullable=True),
+    Field("simulation_id", f.uuid_text, required=False, nullable=True),
+    Field("provenance", f.one_of(*PROVENANCES), required=False, nullable=True),
+)
+
+
+def _check_event(op: Op, state: TenantState) -> None:
+    owner = state.api_keys.get(op.args["api_key_id"])
+    if owner is None:
+        raise RefusedOp(f"field 'api_key_id': unknown key {op.args['api_key_id']!r}")
+    if owner != state.tenant_id:
+        raise RefusedOp(f"wrong tenant: api key {op.args['api_key_id']!r} belongs to {owner}")
+
+
+def _apply_event(op: Op, state: TenantState) -> None:
+    row = {name: op.args.get(name) for name in state.bronze.spec.columns}
+    row.update(tenant_id=state.tenant_id, event_date=op.args["at"].date(), outbox_seq=op.seq)
+    state.bronze.append(row, op.seq)
+
+
+# --- claims ------------------------------------------------------------------------------------
+
+
+def _validate_promote(args: dict[str, Any]) -> None:
+    if args["self_signed"]:
+        raise RefusedOp("self_signed development rows never enter silver (ADR-0001)")
+    _require_simulation_id(args)
+
+
+def _check_promote(op: Op, state: TenantState) -> None:
+    row = state.silver.get(_claim_key(op))
+    if row is not None:
+        _check_fold_seq(op, row)
+        if row["state"] == "demoted":
+            raise RefusedOp(
+                f"claim.promote of a demoted row ({_describe(_claim_key(op))}): "
+                "promote a new version instead"
+            )
+    if row is None and _area_status(state, op.args["workarea_id"]) == "validated":
+        raise RefusedOp(
+            f"claim.promote into validated workarea {op.args['workarea_id']} is refused by freeze"
+        )
+
+
+def _body(op: Op, state: TenantState, body_ref: str) -> bytes | None:
+    return state.bodies.get(_claim_key(op)) if body_ref == "lake" else None
+
+
+def _apply_promote(op: Op, state: TenantState) -> None:
+    key = _claim_key(op)
+    row = state.silver.get(key)
+    if row is None:
+        new = {name: op.args.get(name) for name in SILVER_CLAIMS.columns}
+        new.update(
+            tenant_id=state.tenant_id,
+            state="promoted",
+            body_ciphertext=_body(op, state, op.args["body_ref"]),
+            retracted_at=None,
+            fold_seq=None,
+        )
+        state.silver.put(new, op.seq)
+    elif row["state"] == "held":
+        state.silver.put(
+            dict(
+                row,
+                state="promoted",
+                body_ciphertext=_body(op, state, row["body_ref"]),
+                retracted_at=None,
+            ),
+            op.seq,
+        )
+
+
+def _check_retract(op: Op, state: TenantState) -> None:
+    _held_row(op, state)
+
+
+def _apply_demote(op: Op, state: TenantState) -> None:
+    _retract_everywhere(op, state, "demoted")
+
+
+def _apply_erase(op: Op, state: TenantState) -> None:
+    _retract_everywhere(op, state, "erased")
+
+
+def _check_reassign(op: Op, state: TenantState) -> None:
+    row = _held_row(op, state)
+    if row["state"] == "erased":
+        return
+    destination = op.args["workarea_id"]
+    if destination != row["workarea_id"]:
+        if _area_status(state, destination) == "validated":
+            raise RefusedOp(
+                f"claim.reassign into validated workarea {destination} is refused by freeze"
+            )
+        if _area_status(state, row["workarea_id"]) == "validated":
+            raise RefusedOp(
+                f"claim.reassign out of validated workarea {row['workarea_id']} "
+                "is refused by freeze"
+            )
+
+
+def _apply_reassign(op: Op, state: TenantState) -> None:
+    row = state.silver.get(_claim_key(op))
+    if row is None or row["state"] == "erased":
+        return
+    new_state = "held" if op.args["held"] and row["state"] == "promoted" else row["state"]
+    if new_state == row["state"] and op.args["workarea_id"] == row["workarea_id"]:
+        return
+    state.silver.put(dict(row, workarea_id=op.args["workarea_id"], state=new_state), op.seq)
+
+
+# The repaired row: every silver column except tenant_id, applied_seq and fold_seq.
+_REPAIR_ROW = f.record(
+    *_SUBMISSION,
+    Field("state", f.one_of("promoted", "demoted", "erased", "held")),
+    Field("body_ciphertext", f.b64, required=False, nullable=True),
+    Field("retracted_at", f.instant, required=False, nullable=True),
+)
+
+
+def _validate_repair(args: dict[str, Any]) -> None:
+    row = args["row"]
+    if (row["artifact_id"], row["version"]) != (args["artifact_id"], args["version"]):
+        raise RefusedOp("field 'row': artifact_id and version differ from the op's")
+    _require_simulation_id(row)
+
+
+def _check_repair(op: Op, state: TenantState) -> None:
+    row = state.silver.get(_claim_key(op))
+    if (
+        row is not None
+        and row.get("fold_seq") is not None
+        and op.args["fold_seq"] < row["fold_seq"]
+    ):
+        raise RefusedOp(
+            f"claim.repair fold_seq {op.args['fold_seq']} is lower than the row's fold_seq "
+            f"{row['fold_seq']} ({_describe(_claim_key(op))})"
+        )
+
+
+def _apply_repair(op: Op, state: TenantState) -> None:
+    current = state.silver.get(_claim_key(op))
+    if current is not None and current["state"] == "erased":
+        return
+    repaired = {name: op.args["row"].get(name) for name in SILVER_CLAIMS.columns}
+    repaired.update(tenant_id=state.tenant_id, fold_seq=op.args["fold_seq"])
+    if repaired["state"] == "erased":
+        repaired.update(body_ciphertext=None, attachments=None)
+    elif "body_ciphertext" not in op.args["row"]:
+        repaired["body_ciphertext"] = _body(op, state, repaired["body_ref"])
+    state.silver.put(repaired, op.seq)
+
+
+def _apply_simulation_end(op: Op, state: TenantState) -> None:
+    simulation_id = op.args["simulation_id"]
+    at = op.args["at"]
+    for row in list(state.silver.values()):
+        tainted = op.args["demote_tainted"] and simulation_id in (row["sim_derived_ids"] or ())
+        if row["simulation_id"] != simulation_id and not tainted:
+            continue
+        if row["state"] not in ("promoted", "held"):
+            continue
+        if row["fold_seq"] is not None and op.journal_seq <= row["fold_seq"]:
+            continue  # a reconciler repair newer than this act owns the row
+        state.silver.put(dict(row, state="demoted", retracted_at=at), op.seq)
+    for edge in list(state.lineage.values()):
+        if edge["simulation_id"] == simulation_id and edge["state"] == "ratified":
+            state.lineage.put(dict(edge, state="demoted"), op.seq)
+
+
+# --- lineage -----------------------------------------------------------------------------------
+
+_EDGE_FIELDS = (
+    Field("edge_id", f.uuid_text),
+    Field("graph", f.one_of(*GRAPHS)),
+    Field("edge_label", f.text),
+    Field("src_id", f.uuid_text),
+    Field("src_version", f.positive, required=False, nullable=True),
+    Field("dst_id", f.uuid_text),
+    Field("dst_version", f.positive, required=False, nullable=True),
+    Field("proposer", f.text),
+    Field("ratifier", f.text),
+    Field("simulation_id", f.uuid_text, required=False, nullable=True),
+    Field("proposed_at", f.instant),
+    Field("ratified_at", f.instant),
+)
+
+
+def _validate_edge(args: dict[str, Any]) -> None:
+    if args["ratifier"] == args["proposer"]:
+        raise RefusedOp(f"ratifier equals the proposer ({args['proposer']!r}); R2 forbids it")
+    for end in ("src_version", "dst_version"):
+        has_version = args.get(end) is not None
+        if args["graph"] == "claim" and not has_version:
+            raise RefusedOp(f"field '{end}' is required for a claim edge")
+        if args["graph"] == "workarea" and has_version:
+            raise RefusedOp(f"field '{end}' must be null for a workarea edge")
+
+
+def _edge_row(op: Op, state: TenantState) -> Row:
+    row = {name: op.args.get(name) for name in state.lineage.spec.columns}
+    row.update(tenant_id=state.tenant_id, state="ratified")
+    return row
+
+
+def _check_ratify(op: Op, state: TenantState) -> None:
+    existing = state.lineage.get((op.args["edge_id"],))
+    if existing is None:
+        return
+    same = {k: v for k, v in existing.items() if k != "applied_seq"}
+    if same != {k: v for k, v in _edge_row(op, state).items() if k != "applied_seq"}:
+        raise RefusedOp(f"edge.ratify of edge {op.args['edge_id']} that the lake holds otherwise")
+
+
+def _apply_ratify(op: Op, state: TenantState) -> None:
+    if state.lineage.get((op.args["edge_id"],)) is None:
+        state.lineage.put(_edge_row(op, state), op.seq)
+
+
+def _check_edge_demote(op: Op, state: TenantState) -> None:
+    if state.lineage.get((op.args["edge_id"],)) is None:
+        raise RefusedOp(f"edge.demote of an edge the lake does not hold: {op.args['edge_id']}")
+
+
+def _apply_edge_demote(op: Op, state: TenantState) -> None:
+    edge = state.lineage.get((op.args["edge_id"],))
+    if edge is not None and edge["state"] == "ratified":
+        state.lineage.put(dict(edge, state="demoted"), op.seq)
+
+
+# --- areas -------------------------------------------------------------------------------------
+
+_AREA_OPTIONAL = (
+    Field("parent_id", f.uuid_text, required=False, nullable=True),
+    Field("path", f.text, required=False),
+    Field("status", f.one_of(*AREA_STATUSES), required=False),
+    Field("crew_name", f.text, required=False, nullable=True),
+    Field("crew_charter_uri", f.text, required=False, nullable=True),
+    Field("crew_external_manager", f.text, required=False, nullable=True),
+    Field("created_at", f.instant, required=False),
+)
+
+
+def _validate_upsert(args: dict[str, Any]) -> None:
+    if args.get("status") == "validated":
+        raise RefusedOp("field 'status': validated is set by area.validate, not area.upsert")
+
+
+def _check_upsert(op: Op, state: TenantState) -> None:
+    area = state.areas.get((op.args["workarea_id"],))
+    if area is None:
+        missing = [name for name in ("path", "status") if name not in op.args]
+        if missing:
+            raise RefusedOp(
+                f"area.upsert of new workarea {op.args['workarea_id']} lacks {', '.join(missing)}"
+            )
+    elif area["status"] == "validated" and op.args.get("status", "validated") != "validated":
+        raise RefusedOp(f"workarea {op.args['workarea_id']} is validated: its status is frozen")
+
+
+def _apply_upsert(op: Op, state: TenantState) -> None:
+    given = {k: v for k, v in op.args.items() if k not in ("workarea_id", "at")}
+    area = state.areas.get((op.args["workarea_id"],))
+    if area is None:
+        area = {name: None for name in state.areas.spec.columns}
+        area.update(
+            tenant_id=state.tenant_id, workarea_id=op.args["workarea_id"], created_at=op.args["at"]
+        )
+    changed = dict(area, **given)
+    if changed != area:
+        state.areas.put(dict(changed, updated_at=op.args["at"]), op.seq)
+
+
+def _descendants(state: TenantState, workarea_id: str) -> list[str]:
+    children: dict[str, list[str]] = {}
+    for area in state.areas.values():
+        if area["parent_id"] is not None:
+            children.setdefault(area["parent_id"], []).append(area["workarea_id"])
+    found, stack = [], list(children.get(workarea_id, ()))
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        stack.extend(children.get(node, ()))
+    return found
+
+
+def _check_reparent(op: Op, state: TenantState) -> None:
+    node, parent = op.args["workarea_id"], op.args["parent_id"]
+    if state.areas.get((node,)) is None:
+        raise RefusedOp(f"area.reparent of an unknown workarea {node}")
+    if state.areas.get((parent,)) is None:
+        raise RefusedOp(f"area.reparent under an unknown parent {parent}")
+    if parent == node or parent in _descendants(state, node):
+        raise RefusedOp(f"area.reparent of {node} under its own subtree ({parent}) makes a cycle")
+
+
+def _apply_reparent(op: Op, state: TenantState) -> None:
+    node_id, at = op.args["workarea_id"], op.args["at"]
+    node = state.areas.get((node_id,))
+    if node is None:
+        return
+    paths = {node_id: op.args["path"]}
+    state.areas.put(
+        dict(node, parent_id=op.args["parent_id"], path=paths[node_id], updated_at=at), op.seq
+    )
+    # Descendants come parent-first from the walk; each keeps its own last label.
+    for child_id in _descendants(state, node_id):
+        child = state.areas.get((child_id,))
+        path = paths[child["parent_id"]] + "." + child["path"].rsplit(".", 1)[-1]
+        paths[child_id] = path
+        if path != child["path"]:
+            state.areas.put(dict(child, path=path, updated_at=at), op.seq)
+
+
+def _check_validate(op: Op, state: TenantState) -> None:
+    workarea_id = op.args["workarea_id"]
+    status = _area_status(state, workarea_id)
+    if status is None:
+        raise RefusedOp(f"area.validate of an unknown workarea {workarea_id}")
+    if status == "validated":
+        return
+    tainted = sorted(
+        row["artifact_id"]
+        for row in state.silver.values()
+        if row["workarea_id"] == workarea_id
+        and row["state"] == "promoted"
+        and (row["simulation_id"] or row["sim_derived_ids"])
+    )
+    if tainted:
+        raise RefusedOp(
+            f"area.validate of {workarea_id}: simulation-tainted rows cannot enter a validated "
+            f"area (artifacts {', '.join(tainted[:5])}{'...' if len(tainted) > 5 else ''})"
+        )
+
+
+def _apply_validate(op: Op, state: TenantState) -> None:
+    workarea_id = op.args["workarea_id"]
+    area = state.areas.get((workarea_id,))
+    if area is None or area["status"] == "validated":
+        return
+    state.areas.put(dict(area, status="validated", updated_at=op.args["at"]), op.seq)
+    if state.curated_for(workarea_id) is not None:
+        return  # created already: a table that exists is never created again
+    curated = state.new_curated(workarea_id)
+    for row in state.silver.values():
+        if row["workarea_id"] == workarea_id and row["state"] == "promoted":
+            curated.put(dict(row, curated_at=state.materialized_at), op.seq)
+
+
+# --- the catalog -------------------------------------------------------------------------------
+
+CATALOG: dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec("journal.event", _EVENT_FIELDS, _apply_event, _check_event),
+        OpSpec(
+            "claim.promote",
+            (*_SUBMISSION, Field("self_signed", f.boolean)),
+            _apply_promote,
+            _check_promote,
+            _validate_promote,
+        ),
+        OpSpec("claim.demote", (*_CLAIM_KEY, _AT), _apply_demote, _check_retract),
+        OpSpec("claim.erase", (*_CLAIM_KEY, _AT), _apply_erase, _check_retract),
+        OpSpec(
+            "claim.reassign",
+            (*_CLAIM_KEY, Field("workarea_id", f.uuid_text), Field("held", f.boolean), _AT),
+            _apply_reassign,
+            _check_reassign,
+        ),
+        OpSpec(
+            "claim.repair",
+            (*_CLAIM_KEY, Field("fold_seq", f.positive), Field("row", _REPAIR_ROW)),
+            _apply_repair,
+            _check_repair,
+            _validate_repair,
+        ),
+        OpSpec(
+            "simulation.end",
+            (Field("simulation_id", f.uuid_text), _AT, Field("demote_tainted", f.boolean)),
+            _apply_simulation_end,
+        ),
+        OpSpec("edge.ratify", _EDGE_FIELDS, _apply_ratify, _check_ratify, _validate_edge),
+        OpSpec(
+            "edge.demote",
+            (Field("edge_id", f.uuid_text), _AT),
+            _apply_edge_demote,
+            _check_edge_demote,
+        ),
+        OpSpec(
+            "area.upsert",
+            (Field("workarea_id", f.uuid_text), _AT, *_AREA_OPTIONAL),
+            _apply_upsert,
+            _check_upsert,
+            _validate_upsert,
+        ),
+        OpSpec(
+            "area.reparent",
+            (
+                Field("workarea_id", f.uuid_text),
+                Field("parent_id", f.uuid_text),
+                Field("path", f.text),
+                _AT,
+            ),
+            _apply_reparent,
+            _check_reparent,
+        ),
+        OpSpec(
+            "area.validate",
+            (Field("workarea_id", f.uuid_text), _AT),
+            _apply_validate,
+            _check_validate,
+        ),
+    )
+}
+
+
+def parse(seq: int, journal_seq: int, tenant_id: str, name: str, payload: Any) -> Op:
+    """Parse one outbox row into an `Op`, or raise `RefusedOp` naming what is wrong."""
+    spec = CATALOG.get(name)
+    if spec is None:
+        raise RefusedOp(f"unknown op {name!r}")
+    if not isinstance(payload, dict):
+        raise RefusedOp(f"{name}: payload is not a JSON object")
+    if "tenant_id" in payload and payload["tenant_id"] != tenant_id:
+        raise RefusedOp(
+            f"wrong tenant: payload tenant_id {payload['tenant_id']!r} is not {tenant_id}"
+        )
+    try:
+        args = f.parse_fields(payload, spec.fields)
+        spec.validate(args)
+    except RefusedOp as refused:
+        raise RefusedOp(f"{name}: {refused.reason}") from None
+    return Op(seq, journal_seq, tenant_id, name, payload, args)
+
+
+def check(op: Op, state: TenantState) -> None:
+    try:
+        CATALOG[op.name].check(op, state)
+    except RefusedOp as refused:
+        reason = (
+            refused.reason if refused.reason.startswith(op.name) else f"{op.name}: {refused.reason}"
+        )
+        raise RefusedOp(reason) from None
+
+
+def apply(op: Op, state: TenantState) -> None:
+    CATALOG[op.name].apply(op, state)

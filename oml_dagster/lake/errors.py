@@ -1,0 +1,33 @@
+"""Typed errors of the lake-writer: each name says what was refused or went wrong."""
+
+from __future__ import annotations
+
+
+class LakeError(Exception):
+    """Base of every error the lake-writer raises on purpose."""
+
+
+class RefusedOp(LakeError):
+    """An op the writer will not apply; it goes to `oml.lake_dead_letter` with `reason`."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UnsupportedObjectStore(LakeError):
+    """The lake URI names a store the writer cannot commit to safely (no conditional put)."""
+
+
+class ConflictingCommit(LakeError):
+    """A table kept meeting concurrent commits; the batch is left for the next run."""
+
+
+class InconsistentFrontier(LakeError):
+    """A table records a txn version beyond the tenant's decided verdicts (lake and Postgres
+    disagree, e.g. Postgres restored from an older backup than the lake)."""
+
+
+class VerdictConflict(LakeError):
+    """Another writer recorded different verdicts for the same ops; this run stops and the
+    next run folds with the recorded ones."""

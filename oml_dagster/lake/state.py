@@ -1,0 +1,111 @@
+"""Working copies of a tenant's tables during one batch fold.
+
+A working copy starts from the table's latest Delta version (its `txn` says how far that version
+is drained) and takes an op's effect only when the op's seq is above `txn`: a table that already
+holds an op's effect (it committed that batch before a crash) must not take it twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .tables import BRONZE_EVENTS, GOLD_AREAS, GOLD_CURATED, GOLD_LINEAGE, SILVER_CLAIMS, TableSpec
+
+Row = dict[str, Any]
+Key = tuple
+
+
+@dataclass
+class KeyedWork:
+    """A MERGE table's rows by key: the rows read from Delta plus this batch's changes."""
+
+    spec: TableSpec
+    txn: int
+    exists: bool
+    rows: dict[Key, Row] = field(default_factory=dict)
+    changed: set[Key] = field(default_factory=set)
+
+    def key_of(self, row: Row) -> Key:
+        return tuple(row[c] for c in self.spec.merge_key)
+
+    def get(self, key: Key) -> Row | None:
+        return self.rows.get(key)
+
+    def values(self) -> Iterator[Row]:
+        return iter(self.rows.values())
+
+    def active(self, seq: int) -> bool:
+        return seq > self.txn
+
+    def put(self, row: Row, seq: int) -> None:
+        """Record `row` as changed by the op at `seq` (ignored when the table already has it)."""
+        if not self.active(seq):
+            return
+        row = dict(row)
+        row["applied_seq"] = seq
+        key = self.key_of(row)
+        self.rows[key] = row
+        self.changed.add(key)
+
+    def load(self, rows: Iterable[Row]) -> None:
+        for row in rows:
+            self.rows.setdefault(self.key_of(row), row)
+
+    def output(self, above: int) -> list[Row]:
+        """Final rows changed by ops with seq above `above` (the table's txn at commit time)."""
+        return [self.rows[k] for k in sorted(self.changed) if self.rows[k]["applied_seq"] > above]
+
+
+@dataclass
+class AppendWork:
+    """bronze.events: rows appended by this batch, each tagged with its outbox seq."""
+
+    txn: int
+    exists: bool
+    spec: TableSpec = BRONZE_EVENTS
+    rows: list[Row] = field(default_factory=list)
+
+    def active(self, seq: int) -> bool:
+        return seq > self.txn
+
+    def append(self, row: Row, seq: int) -> None:
+        if self.active(seq):
+            self.rows.append(row)
+
+    def output(self, above: int) -> list[Row]:
+        return [r for r in self.rows if r["outbox_seq"] > above]
+
+
+@dataclass
+class TenantState:
+    """Everything one batch fold reads and writes for one tenant."""
+
+    tenant_id: str
+    bronze: AppendWork
+    silver: KeyedWork
+    lineage: KeyedWork
+    areas: KeyedWork
+    curated: dict[str, KeyedWork]
+    # (artifact_id, version) -> ciphertext, read from oml.claim_bodies at drain time.
+    bodies: dict[Key, bytes]
+    # api_key_id -> owning tenant_id.
+    api_keys: dict[str, str]
+    materialized_at: dt.datetime
+
+    def curated_for(self, workarea_id: str) -> KeyedWork | None:
+        return self.curated.get(workarea_id)
+
+    def new_curated(self, workarea_id: str) -> KeyedWork:
+        work = KeyedWork(GOLD_CURATED, txn=0, exists=False)
+        self.curated[workarea_id] = work
+        return work
+
+    def keyed_tables(self) -> list[tuple[str, KeyedWork]]:
+        return [
+            (SILVER_CLAIMS.name, self.silver),
+            (GOLD_LINEAGE.name, self.lineage),
+            (GOLD_AREAS.name, self.areas),
+        ]
