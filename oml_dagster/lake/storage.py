@@ -105,3 +105,23 @@ def read_rows(table: DeltaTable, spec: TableSpec, filters=None) -> list[dict]:
 def conform(data: pa.Table, spec: TableSpec) -> pa.Table:
     """`data` with exactly the spec's columns, in order, in the spec's Arrow types."""
     return data.select(spec.columns).cast(spec.schema)
+
+
+def tenant_tables(lake: Lake, tenant_id: str) -> list[tuple[str, TableSpec, str]]:
+    """Every existing table of a tenant as (name, spec, uri): the four core tables and one
+    curated table per validated workarea (found through gold.areas)."""
+    from .tables import CORE_TABLES, GOLD_AREAS
+
+    found = []
+    for spec in CORE_TABLES:
+        uri = lake.table_uri(tenant_id, spec)
+        if lake.open(uri) is not None:
+            found.append((spec.name, spec, uri))
+    areas = lake.open(lake.table_uri(tenant_id, GOLD_AREAS))
+    if areas is not None:
+        for area in read_rows(areas, GOLD_AREAS):
+            if area["status"] == "validated":
+                uri = lake.table_uri(tenant_id, GOLD_CURATED, area["workarea_id"])
+                if lake.open(uri) is not None:
+                    found.append((f"{GOLD_CURATED.name}/{area['workarea_id']}", GOLD_CURATED, uri))
+    return found

@@ -367,11 +367,12 @@ def drain_tenant(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    config: WriterConfig = WriterConfig(),
+    config: WriterConfig | None = None,
     *,
     before_commit: Callable[[str], None] | None = None,
 ) -> BatchResult:
     """Fold and commit the tenant's next batch. `before_commit(table_name)` is a test hook."""
+    config = config or WriterConfig()
     handles = {spec.name: _handle(lake, tenant_id, spec) for spec in CORE_TABLES}
     areas_table = handles[GOLD_AREAS.name].table
     area_rows = read_rows(areas_table, GOLD_AREAS) if areas_table is not None else []

@@ -1,0 +1,173 @@
+"""`oml-lake`: the lake-writer's command line (DESIGN §2-§3). Environment: OML_PG_DSN,
+OML_LAKE_URI, OML_LAKE_STORAGE_OPTIONS."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+
+from .lake import db, deadletter, sequencer
+from .lake.drain import DrainPass, drain
+from .lake.errors import LakeError
+from .lake.storage import Lake
+from .lake.writer import WriterConfig, lag
+
+
+def _print(*parts: object) -> None:
+    print(*parts, flush=True)
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    with db.connect(autocommit=True) as conn:
+        applied = db.upgrade(conn)
+    for m in applied:
+        _print(f"applied {m.version:04d}_{m.name}")
+    if not applied:
+        _print("schema oml is up to date")
+    return 0
+
+
+def _report_cut(report: sequencer.SequencerReport) -> None:
+    for cut in sorted(report.tenants.values(), key=lambda c: c.tenant_id):
+        _print(
+            f"sequenced tenant {cut.tenant_id}: {cut.sequenced} rows, seq {cut.first_seq}..{cut.last_seq},"
+            f" journal_seq through {cut.last_journal_seq}"
+        )
+    for gap in report.gaps:
+        _print(
+            f"waiting tenant {gap.tenant_id}: {gap.waiting_rows} rows behind missing journal_seq "
+            f"{gap.missing_journal_seq} (oldest waiting {gap.age_seconds:.1f}s)"
+        )
+    if report.deferred_rows:
+        _print(f"deferred to the next cut: {report.deferred_rows} rows")
+
+
+def cmd_sequence(args: argparse.Namespace) -> int:
+    with db.connect(autocommit=True) as conn:
+        report = sequencer.sequence(conn)
+    _report_cut(report)
+    if not report.tenants:
+        _print("nothing to sequence")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    lake = Lake.from_env()
+    config = WriterConfig(
+        max_batch=args.max_batch, txn_lag_limit=min(args.max_batch // 2, 500) or 1
+    )
+
+    with db.connect(autocommit=True) as conn:
+
+        def on_pass(current: DrainPass) -> None:
+            _report_cut(current.sequenced)
+            for batch in current.batches:
+                head = f"tenant {batch.tenant_id} batch ({batch.batch_start}, {batch.batch_end}]"
+                _print(f"{head}: {batch.ops} ops, {len(batch.refused)} refused")
+                for t in batch.tables:
+                    if t.action in ("committed", "txn-only"):
+                        _print(
+                            f"  {t.table}: {t.action} {t.rows} rows, txn {t.txn_after}, version {t.version}"
+                        )
+                for seq, reason in sorted(batch.refused.items()):
+                    _print(f"  dead-lettered seq {seq}: {reason}")
+
+        passes = drain(
+            conn,
+            lake,
+            args.tenant or None,
+            until_idle=args.until_idle,
+            config=config,
+            on_pass=on_pass,
+        )
+        drained = {}
+        for current in passes:
+            for batch in current.batches:
+                drained[batch.tenant_id] = batch.batch_end
+        for tenant_id, through in sorted(drained.items()):
+            pending, seconds = lag(conn, tenant_id, through)
+            _print(
+                f"lag tenant {tenant_id}: {pending} ops, {seconds:.1f}s (drained through seq {through})"
+            )
+        gaps = passes[-1].sequenced.gaps if passes else []
+        for gap in gaps:
+            _print(
+                f"gap tenant {gap.tenant_id}: {gap.waiting_rows} rows wait for journal_seq {gap.missing_journal_seq}"
+            )
+    return 0
+
+
+def cmd_deadletter_list(args: argparse.Namespace) -> int:
+    with db.connect(autocommit=True) as conn:
+        letters = deadletter.list_dead_letters(conn, args.tenant, include_requeued=args.all)
+    for d in letters:
+        requeued = (
+            f" requeued {d.requeued_at:%Y-%m-%dT%H:%M:%SZ} by {d.requeued_by}"
+            if d.requeued_at
+            else ""
+        )
+        _print(f"seq {d.seq} tenant {d.tenant_id} {d.op}: {d.reason}{requeued}")
+    if not letters:
+        _print("no dead letters")
+    return 0
+
+
+def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
+    payload = json.loads(args.payload) if args.payload else None
+    with db.connect(autocommit=True) as conn:
+        try:
+            new_id = deadletter.requeue(conn, args.seq, args.by, payload)
+        except deadletter.RequeueError as error:
+            print(f"oml-lake: {error}", file=sys.stderr)
+            return 2
+    _print(f"re-enqueued dead letter {args.seq} as outbox row {new_id}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oml-lake", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dbp = sub.add_parser("db", help="the Postgres schema").add_subparsers(
+        dest="db_command", required=True
+    )
+    dbp.add_parser("upgrade", help="apply the oml schema migrations").set_defaults(
+        func=cmd_db_upgrade
+    )
+
+    sub.add_parser("sequence", help="run the sequencer once").set_defaults(func=cmd_sequence)
+
+    dr = sub.add_parser("drain", help="sequence and apply batches to the lake")
+    dr.add_argument("--tenant", action="append", help="drain this tenant (repeatable)")
+    dr.add_argument("--until-idle", action="store_true", help="pass after pass until nothing moves")
+    dr.add_argument("--max-batch", type=int, default=1000, help="ops per tenant batch")
+    dr.set_defaults(func=cmd_drain)
+
+    dl = sub.add_parser("deadletter", help="refused ops").add_subparsers(
+        dest="dl_command", required=True
+    )
+    ls = dl.add_parser("list", help="list dead letters")
+    ls.add_argument("--tenant")
+    ls.add_argument("--all", action="store_true", help="include re-enqueued ones")
+    ls.set_defaults(func=cmd_deadletter_list)
+    rq = dl.add_parser("requeue", help="re-enqueue a dead letter after a fix")
+    rq.add_argument("seq", type=int)
+    rq.add_argument("--by", default=getpass.getuser(), help="who re-enqueues (recorded)")
+    rq.add_argument("--payload", help="a corrected payload (JSON); default: the stored one")
+    rq.set_defaults(func=cmd_deadletter_requeue)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LakeError as error:
+        print(f"oml-lake: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The Dagster layer: thin definitions over the `oml_dagster.lake` core, one module per concern."""

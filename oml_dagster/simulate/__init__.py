@@ -1,0 +1,1 @@
+"""A producer that writes what the OML service writes under the Postgres contract (DESIGN §2)."""

@@ -1,0 +1,272 @@
+"""The acts of the op catalog (DESIGN §2), each committed as the OML service would: its outbox
+op, its journal event, and its domain rows (claim bodies, crypto-shred)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from .producer import Body, Event, TenantKeys, commit_act, instant, seal
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class Claim:
+    """A claim version as submitted: every silver column that comes from the submission."""
+
+    artifact_id: str
+    version: int
+    workarea_id: str
+    workarea_path_at_write: str
+    claim_key: str = field(default_factory=lambda: str(uuid.uuid4()))
+    kind: str = "memory"
+    writer_identity: str = "agent:writer"
+    principal: str = "agent:writer"
+    producer: str | None = None
+    provenance: str = "agent"
+    simulation_id: str | None = None
+    sim_derived_ids: list[str] | None = None
+    body_ref: str = "lake"
+    attachments: list[dict[str, Any]] | None = None
+    created_at: dt.datetime = field(default_factory=_now)
+    promoted_at: dt.datetime = field(default_factory=_now)
+    plaintext_digest: str = ""
+    ciphertext_digest: str = ""
+
+    def payload(self, self_signed: bool = False) -> dict[str, Any]:
+        return {
+            "artifact_id": self.artifact_id,
+            "version": self.version,
+            "claim_key": self.claim_key,
+            "kind": self.kind,
+            "workarea_id": self.workarea_id,
+            "workarea_path_at_write": self.workarea_path_at_write,
+            "writer_identity": self.writer_identity,
+            "principal": self.principal,
+            "producer": self.producer,
+            "provenance": self.provenance,
+            "simulation_id": self.simulation_id,
+            "sim_derived_ids": self.sim_derived_ids,
+            "plaintext_digest": self.plaintext_digest,
+            "ciphertext_digest": self.ciphertext_digest,
+            "body_ref": self.body_ref,
+            "attachments": self.attachments,
+            "created_at": instant(self.created_at),
+            "promoted_at": instant(self.promoted_at),
+            "self_signed": self_signed,
+        }
+
+    def event(self, event_type: str, payload: dict) -> Event:
+        return Event(
+            event_type,
+            payload,
+            artifact_id=self.artifact_id,
+            version=self.version,
+            workarea_id=self.workarea_id,
+            simulation_id=self.simulation_id,
+            provenance=self.provenance,
+        )
+
+
+def _digest_payload(payload: dict) -> dict:
+    # The journal holds digests and references only: never a body.
+    return {k: v for k, v in payload.items() if k != "body_ciphertext"}
+
+
+def promote(
+    conn: psycopg.Connection,
+    keys: TenantKeys,
+    claim: Claim,
+    plaintext: bytes | None = None,
+    *,
+    self_signed: bool = False,
+    store_body: bool = True,
+    body: Body | None = None,
+    **act: Any,
+) -> Body | None:
+    """Promote a claim version; with body_ref lake its sealed body goes to oml.claim_bodies."""
+    if body is None and plaintext is not None:
+        body = seal(claim.artifact_id, claim.version, plaintext)
+    if body is not None:
+        claim.plaintext_digest = body.plaintext_digest
+        claim.ciphertext_digest = body.ciphertext_digest
+    stored = [body] if (body is not None and claim.body_ref == "lake" and store_body) else []
+    payload = claim.payload(self_signed)
+    commit_act(
+        conn,
+        keys,
+        claim.event("claim.promoted", _digest_payload(payload)),
+        [("claim.promote", payload)],
+        store_bodies=stored,
+        **act,
+    )
+    return body
+
+
+def repromote(conn: psycopg.Connection, keys: TenantKeys, claim: Claim, **act: Any) -> None:
+    payload = claim.payload()
+    commit_act(
+        conn, keys, claim.event("claim.promoted", payload), [("claim.promote", payload)], **act
+    )
+
+
+def _retract(conn, keys, op, event_type, claim: Claim, at, shred=(), **act) -> None:
+    payload = {
+        "artifact_id": claim.artifact_id,
+        "version": claim.version,
+        "at": instant(at or _now()),
+    }
+    commit_act(
+        conn, keys, claim.event(event_type, payload), [(op, payload)], shred=list(shred), **act
+    )
+
+
+def demote(conn, keys: TenantKeys, claim: Claim, at: dt.datetime | None = None, **act) -> None:
+    _retract(conn, keys, "claim.demote", "claim.demoted", claim, at, **act)
+
+
+def erase(conn, keys: TenantKeys, claim: Claim, at: dt.datetime | None = None, **act) -> None:
+    """Crypto-shred: the DEK and the claim_bodies row are destroyed in the same act."""
+    shred = [(claim.artifact_id, claim.version)]
+    _retract(conn, keys, "claim.erase", "claim.erased", claim, at, shred=shred, **act)
+
+
+def reassign(
+    conn,
+    keys: TenantKeys,
+    claim: Claim,
+    workarea_id: str,
+    held: bool,
+    at: dt.datetime | None = None,
+    **act,
+) -> None:
+    payload = {
+        "artifact_id": claim.artifact_id,
+        "version": claim.version,
+        "workarea_id": workarea_id,
+        "held": held,
+        "at": instant(at or _now()),
+    }
+    commit_act(
+        conn, keys, claim.event("lifecycle.reassign", payload), [("claim.reassign", payload)], **act
+    )
+    claim.workarea_id = workarea_id
+
+
+def repair(conn, keys: TenantKeys, claim: Claim, fold_seq: int, state: str, **act) -> None:
+    row = claim.payload()
+    del row["self_signed"]
+    row.update(state=state, retracted_at=None)
+    payload = {
+        "artifact_id": claim.artifact_id,
+        "version": claim.version,
+        "fold_seq": fold_seq,
+        "row": row,
+    }
+    commit_act(
+        conn, keys, claim.event("reconciler.repair", payload), [("claim.repair", payload)], **act
+    )
+
+
+def simulation_end(
+    conn,
+    keys: TenantKeys,
+    simulation_id: str,
+    demote_tainted: bool,
+    at: dt.datetime | None = None,
+    **act,
+) -> None:
+    payload = {
+        "simulation_id": simulation_id,
+        "at": instant(at or _now()),
+        "demote_tainted": demote_tainted,
+    }
+    event = Event("simulation.ended", payload, simulation_id=simulation_id, provenance="simulation")
+    commit_act(conn, keys, event, [("simulation.end", payload)], **act)
+
+
+@dataclass
+class Edge:
+    edge_id: str
+    src_id: str
+    dst_id: str
+    graph: str = "claim"
+    edge_label: str = "derives_from"
+    src_version: int | None = 1
+    dst_version: int | None = 1
+    proposer: str = "key:proposer"
+    ratifier: str = "key:ratifier"
+    simulation_id: str | None = None
+    proposed_at: dt.datetime = field(default_factory=_now)
+    ratified_at: dt.datetime = field(default_factory=_now)
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "edge_id": self.edge_id,
+            "graph": self.graph,
+            "edge_label": self.edge_label,
+            "src_id": self.src_id,
+            "src_version": self.src_version,
+            "dst_id": self.dst_id,
+            "dst_version": self.dst_version,
+            "proposer": self.proposer,
+            "ratifier": self.ratifier,
+            "simulation_id": self.simulation_id,
+            "proposed_at": instant(self.proposed_at),
+            "ratified_at": instant(self.ratified_at),
+        }
+
+
+def ratify(conn, keys: TenantKeys, edge: Edge, **act) -> None:
+    payload = edge.payload()
+    event = Event("edge.ratified", payload, simulation_id=edge.simulation_id)
+    commit_act(conn, keys, event, [("edge.ratify", payload)], **act)
+
+
+def demote_edge(conn, keys: TenantKeys, edge_id: str, at: dt.datetime | None = None, **act) -> None:
+    payload = {"edge_id": edge_id, "at": instant(at or _now())}
+    commit_act(conn, keys, Event("edge.demoted", payload), [("edge.demote", payload)], **act)
+
+
+def upsert_area(
+    conn, keys: TenantKeys, workarea_id: str, at: dt.datetime | None = None, **columns
+) -> None:
+    payload = {"workarea_id": workarea_id, "at": instant(at or _now())}
+    for name, value in columns.items():
+        payload[name] = instant(value) if isinstance(value, dt.datetime) else value
+    event = Event("workarea.updated", payload, workarea_id=workarea_id)
+    commit_act(conn, keys, event, [("area.upsert", payload)])
+
+
+def reparent_area(
+    conn,
+    keys: TenantKeys,
+    workarea_id: str,
+    parent_id: str,
+    path: str,
+    at: dt.datetime | None = None,
+    **act,
+) -> None:
+    payload = {
+        "workarea_id": workarea_id,
+        "parent_id": parent_id,
+        "path": path,
+        "at": instant(at or _now()),
+    }
+    event = Event("workarea.reparented", payload, workarea_id=workarea_id)
+    commit_act(conn, keys, event, [("area.reparent", payload)], **act)
+
+
+def validate_area(
+    conn, keys: TenantKeys, workarea_id: str, at: dt.datetime | None = None, **act
+) -> None:
+    payload = {"workarea_id": workarea_id, "at": instant(at or _now())}
+    event = Event("workarea.validated", payload, workarea_id=workarea_id)
+    commit_act(conn, keys, event, [("area.validate", payload)], **act)

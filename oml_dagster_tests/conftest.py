@@ -1,0 +1,79 @@
+"""Shared fixtures: a fresh PostgreSQL database per test (cloned from a migrated template), a
+fresh lake directory, tenants, and readers of the lake's tables."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import psycopg
+import pytest
+
+from oml_dagster.lake import db
+from oml_dagster.lake.storage import Lake, read_rows
+from oml_dagster.lake.tables import GOLD_CURATED, TableSpec
+from oml_dagster.simulate import producer
+
+ADMIN_DSN = os.environ.get("OML_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _dsn_for(database: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(ADMIN_DSN)
+    info["dbname"] = database
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+@pytest.fixture(scope="session")
+def template_db():
+    name = f"oml_tmpl_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    with psycopg.connect(_dsn_for(name), autocommit=True) as conn:
+        db.upgrade(conn)
+        producer.ensure_schema(conn)
+    yield name
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def dsn(template_db, monkeypatch):
+    name = f"oml_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    url = _dsn_for(name)
+    monkeypatch.setenv("OML_PG_DSN", url)
+    yield url
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def conn(dsn):
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def lake(tmp_path, monkeypatch) -> Lake:
+    root = str(tmp_path / "oml-lake")
+    monkeypatch.setenv("OML_LAKE_URI", root)
+    return Lake(root)
+
+
+@pytest.fixture
+def tenant(conn) -> producer.TenantKeys:
+    return producer.create_tenant(conn)
+
+
+def table_rows(lake: Lake, tenant_id: str, spec: TableSpec, workarea_id: str | None = None) -> list[dict]:
+    table = lake.open(lake.table_uri(tenant_id, spec, workarea_id))
+    return [] if table is None else read_rows(table, spec)
+
+
+def by_key(rows: list[dict], *key: str) -> dict:
+    return {tuple(r[k] for k in key) if len(key) > 1 else r[key[0]]: r for r in rows}
+
+
+def curated_rows(lake: Lake, tenant_id: str, workarea_id: str) -> list[dict]:
+    return table_rows(lake, tenant_id, GOLD_CURATED, workarea_id)
