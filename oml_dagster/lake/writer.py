@@ -179,7 +179,7 @@ def decided_through(conn: psycopg.Connection, tenant_id: str) -> int:
 
 
 def _isin(column: str, values) -> pc.Expression:
-    return pc.field(column).isin(sorted(values))
+    return pc.field(column).isin(pa.array(sorted(values), type=pa.string()))
 
 
 def _matching_silver_keys(table: DeltaTable, sims: set, tainted: set, workareas: set) -> set:

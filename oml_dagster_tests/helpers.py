@@ -1,0 +1,84 @@
+"""Small builders for core tests: a workarea tree and claims written through the producer."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from oml_dagster.lake.drain import drain
+from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_AREAS, GOLD_LINEAGE, SILVER_CLAIMS
+from oml_dagster.simulate import acts
+from oml_dagster_tests.conftest import by_key, table_rows
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass
+class Tree:
+    root: str
+    a: str
+    b: str
+    a1: str
+
+
+def make_tree(conn, keys) -> Tree:
+    """root(u) → a(u.a) → a1(u.a.a1); root → b(u.b)."""
+    tree = Tree(new_id(), new_id(), new_id(), new_id())
+    acts.upsert_area(conn, keys, tree.root, path="u", status="development", parent_id=None)
+    acts.upsert_area(conn, keys, tree.a, path="u.a", status="development", parent_id=tree.root)
+    acts.upsert_area(conn, keys, tree.b, path="u.b", status="development", parent_id=tree.root)
+    acts.upsert_area(conn, keys, tree.a1, path="u.a.a1", status="development", parent_id=tree.a)
+    return tree
+
+
+def claim(workarea_id: str, path: str = "u.a", version: int = 1, **kw) -> acts.Claim:
+    return acts.Claim(new_id(), version, workarea_id, path, **kw)
+
+
+def promoted(conn, keys, workarea_id: str, path: str = "u.a", **kw) -> acts.Claim:
+    c = claim(workarea_id, path, **kw)
+    acts.promote(conn, keys, c, f"body of {c.artifact_id}".encode())
+    return c
+
+
+class LakeView:
+    """The tenant's tables after a drain, keyed for assertions."""
+
+    def __init__(self, lake, tenant_id):
+        self.lake, self.tenant_id = lake, tenant_id
+
+    @property
+    def silver(self) -> dict:
+        return by_key(
+            table_rows(self.lake, self.tenant_id, SILVER_CLAIMS), "artifact_id", "version"
+        )
+
+    def claim(self, c: acts.Claim) -> dict:
+        return self.silver[(c.artifact_id, c.version)]
+
+    @property
+    def areas(self) -> dict:
+        return by_key(table_rows(self.lake, self.tenant_id, GOLD_AREAS), "workarea_id")
+
+    @property
+    def lineage(self) -> dict:
+        return by_key(table_rows(self.lake, self.tenant_id, GOLD_LINEAGE), "edge_id")
+
+    @property
+    def bronze(self) -> list[dict]:
+        return table_rows(self.lake, self.tenant_id, BRONZE_EVENTS)
+
+
+def drain_all(conn, lake, **kw):
+    return drain(conn, lake, until_idle=True, **kw)
+
+
+def dead_letters(conn) -> dict[int, tuple[str, str]]:
+    return {
+        seq: (op, reason)
+        for seq, op, reason in conn.execute(
+            "SELECT seq, op, reason FROM oml.lake_dead_letter ORDER BY seq"
+        )
+    }
