@@ -323,6 +323,7 @@ def _commit_table(
     leading_txn: int,
     config: WriterConfig,
     configuration: dict[str, str],
+    create: bool = False,
 ) -> TableOutcome:
     """Land `output(txn)` in one fenced commit, re-checking the skip rule after any conflict."""
     outcome = TableOutcome(handle.name, "skipped", txn_before=handle.txn, txn_after=handle.txn)
@@ -335,7 +336,13 @@ def _commit_table(
             return outcome
         rows = output(txn)
         lag = sum(1 for s in op_seqs if s > txn)
-        if not rows and lag <= config.txn_lag_limit and batch_end >= leading_txn:
+        must_create = create and handle.table is None
+        if (
+            not rows
+            and not must_create
+            and lag <= config.txn_lag_limit
+            and batch_end >= leading_txn
+        ):
             outcome.action = "unchanged"
             return outcome
         props = _commit_properties(tenant_id, txn, batch_end, lag)
@@ -460,7 +467,7 @@ def drain_tenant(
     bound = erasure_bound(conn, tenant_id)
     op_seqs = [r[0] for r in rows]
 
-    def commit(handle: _Handle, output, keyed: bool) -> None:
+    def commit(handle: _Handle, output, keyed: bool, create: bool = False) -> None:
         if before_commit is not None:
             before_commit(handle.name)
         configuration = handle.spec.configuration(int(bound.total_seconds()))
@@ -476,6 +483,7 @@ def drain_tenant(
                 leading,
                 config,
                 configuration,
+                create,
             )
         )
 
@@ -485,7 +493,9 @@ def drain_tenant(
         name = f"{GOLD_CURATED.name}/{workarea_id}"
         handle = handles.get(name) or _handle(lake, tenant_id, GOLD_CURATED, workarea_id)
         handles[name] = handle
-        commit(handle, state.curated[workarea_id].output, keyed=True)
+        # A validation creates its curated table even when no row qualifies.
+        work = state.curated[workarea_id]
+        commit(handle, work.output, keyed=True, create=not work.exists)
     commit(handles[SILVER_CLAIMS.name], state.silver.output, keyed=True)
     commit(handles[GOLD_AREAS.name], state.areas.output, keyed=True)
     _update_frontier(conn, tenant_id, handles, batch_end)
