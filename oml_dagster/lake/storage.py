@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
 from .errors import UnsupportedObjectStore
@@ -94,12 +94,23 @@ class Lake:
             return None
 
 
-def read_rows(table: DeltaTable, spec: TableSpec, filters=None) -> list[dict]:
-    """Rows of `table` as dicts, cast to the spec's types (MERGE writes view types)."""
-    data = (
-        table.to_pyarrow_table(filters=filters) if filters is not None else table.to_pyarrow_table()
-    )
-    return conform(data, spec).to_pylist()
+def read_rows(table: DeltaTable, spec: TableSpec, where: str | None = None) -> list[dict]:
+    """Rows of `table` as dicts, cast to the spec's types (MERGE writes view types). `where` is a
+    SQL predicate; the query engine prunes files with the log's statistics."""
+    return conform(query(table, "*", where), spec).to_pylist()
+
+
+def query(table: DeltaTable, columns: str = "*", where: str | None = None) -> pa.Table:
+    sql = f"SELECT {columns} FROM t" + (f" WHERE {where}" if where else "")
+    return pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
+
+
+def sql_in(column: str, values) -> str:
+    """`column IN (...)` over string values, or FALSE for none."""
+    if not values:
+        return "FALSE"
+    quoted = ", ".join("'" + str(v).replace("'", "''") + "'" for v in sorted(values))
+    return f"{column} IN ({quoted})"
 
 
 def conform(data: pa.Table, spec: TableSpec) -> pa.Table:

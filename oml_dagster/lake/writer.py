@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import (
     ColumnProperties,
     CommitProperties,
@@ -41,7 +40,7 @@ from . import catalog, deadletter
 from .catalog import Op
 from .errors import ConflictingCommit, InconsistentFrontier, RefusedOp, VerdictConflict
 from .state import AppendWork, KeyedWork, TenantState
-from .storage import Lake, read_rows
+from .storage import Lake, query, read_rows, sql_in
 from .tables import (
     APP_ID,
     BRONZE_EVENTS,
@@ -178,14 +177,10 @@ def decided_through(conn: psycopg.Connection, tenant_id: str) -> int:
 # --- reading the tables a fold needs -----------------------------------------------------------
 
 
-def _isin(column: str, values) -> pc.Expression:
-    return pc.field(column).isin(pa.array(sorted(values), type=pa.string()))
-
-
 def _matching_silver_keys(table: DeltaTable, sims: set, tainted: set, workareas: set) -> set:
     """Keys of silver rows a simulation end or a validation reads, from a narrow scan."""
-    light = table.to_pyarrow_table(
-        columns=["artifact_id", "version", "simulation_id", "sim_derived_ids", "workarea_id"]
+    light = query(
+        table, "artifact_id, version, simulation_id, sim_derived_ids, workarea_id"
     ).to_pylist()
     keys = set()
     for row in light:
@@ -215,12 +210,12 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
         if sims or validations:
             keys |= _matching_silver_keys(silver, sims, tainted, validations)
         if keys:
-            rows = read_rows(silver, SILVER_CLAIMS, _isin("artifact_id", {k[0] for k in keys}))
+            rows = read_rows(silver, SILVER_CLAIMS, sql_in("artifact_id", {k[0] for k in keys}))
             state.silver.load(r for r in rows if (r["artifact_id"], r["version"]) in keys)
 
     lineage = handles[GOLD_LINEAGE.name].table
     if lineage is not None and (edge_ids or sims):
-        condition = _isin("edge_id", edge_ids) | _isin("simulation_id", sims)
+        condition = f"{sql_in('edge_id', edge_ids)} OR {sql_in('simulation_id', sims)}"
         state.lineage.load(read_rows(lineage, GOLD_LINEAGE, condition))
 
     # Curated rows a demote or erase reaches: routed by the silver row's workarea.
@@ -240,7 +235,7 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
         }
         if wanted:
             rows = read_rows(
-                handle.table, GOLD_CURATED, _isin("artifact_id", {k[0] for k in wanted})
+                handle.table, GOLD_CURATED, sql_in("artifact_id", {k[0] for k in wanted})
             )
             work.load(r for r in rows if (r["artifact_id"], r["version"]) in wanted)
 

@@ -1,0 +1,258 @@
+"""The commit protocol (DESIGN §3): the skip rule, replays, racing writers, txn-only commits,
+checkpoints and statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from oml_dagster.lake import sequencer
+from oml_dagster.lake.drain import drain
+from oml_dagster.lake.errors import InconsistentFrontier
+from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.tables import APP_ID, CORE_TABLES, GOLD_AREAS, GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.writer import WriterConfig, drain_tenant
+from oml_dagster.simulate import acts
+from oml_dagster_tests.conftest import table_rows
+from oml_dagster_tests.helpers import LakeView, drain_all, make_tree, new_id, promoted
+
+
+def mixed_workload(conn, keys, claims: int = 12) -> None:
+    """A little of everything: promotions, retracts, edges, a validation, area changes."""
+    tree = make_tree(conn, keys)
+    made = [promoted(conn, keys, tree.a if i % 2 else tree.b) for i in range(claims)]
+    for i, c in enumerate(made):
+        if i % 5 == 0:
+            acts.demote(conn, keys, c)
+        elif i % 5 == 1:
+            acts.erase(conn, keys, c)
+        elif i % 5 == 2 and c.workarea_id == tree.b:
+            acts.reassign(conn, keys, c, tree.a1, held=True)
+    acts.ratify(conn, keys, acts.Edge(new_id(), made[0].artifact_id, made[1].artifact_id))
+    acts.validate_area(conn, keys, tree.a)
+    for c in made:
+        if c.workarea_id == tree.a and c is not made[3]:
+            acts.demote(conn, keys, c)
+    acts.upsert_area(conn, keys, tree.b, crew_name="crew-b")
+    acts.reparent_area(conn, keys, tree.a1, tree.b, "u.b.a1")
+
+
+def snapshot(lake: Lake, tenant_id: str) -> dict:
+    """Every table's rows, order-free; curated_at is wall clock and left out."""
+    out = {}
+    for spec in CORE_TABLES:
+        rows = table_rows(lake, tenant_id, spec)
+        out[spec.name] = sorted(json.dumps(r, default=repr, sort_keys=True) for r in rows)
+    areas = table_rows(lake, tenant_id, GOLD_AREAS)
+    for area in areas:
+        if area["status"] == "validated":
+            rows = [
+                {k: v for k, v in r.items() if k != "curated_at"}
+                for r in table_rows(lake, tenant_id, GOLD_CURATED, area["workarea_id"])
+            ]
+            out[area["workarea_id"]] = sorted(
+                json.dumps(r, default=repr, sort_keys=True) for r in rows
+            )
+    return out
+
+
+def versions(lake: Lake, tenant_id: str) -> dict:
+    tables = {spec.name: lake.open(lake.table_uri(tenant_id, spec)) for spec in CORE_TABLES}
+    return {name: table.version() if table is not None else None for name, table in tables.items()}
+
+
+def test_replaying_a_committed_batch_changes_nothing(conn, lake, tenant):
+    mixed_workload(conn, tenant)
+    drain_all(conn, lake)
+    before, before_versions = snapshot(lake, tenant.tenant_id), versions(lake, tenant.tenant_id)
+    for _ in range(3):
+        result = drain_tenant(conn, lake, tenant.tenant_id)
+        assert not result.committed
+    assert snapshot(lake, tenant.tenant_id) == before
+    assert versions(lake, tenant.tenant_id) == before_versions
+
+
+def test_every_commit_records_the_txn_and_the_batch_bounds(conn, lake, tenant):
+    mixed_workload(conn, tenant, claims=4)
+    passes = drain(conn, lake, until_idle=True, config=WriterConfig(max_batch=10, txn_lag_limit=5))
+    batches = [b for p in passes for b in p.batches if b.committed]
+    assert len(batches) > 3
+    silver = lake.open(lake.table_uri(tenant.tenant_id, SILVER_CLAIMS))
+    for commit in silver.history():
+        if commit["operation"] in ("WRITE", "MERGE", "CREATE TABLE"):
+            assert int(commit["oml.batch_start"]) < int(commit["oml.batch_end"])
+            assert commit["oml.tenant_id"] == tenant.tenant_id
+    assert silver.transaction_version(APP_ID) == max(
+        b.outcome("silver.claims").txn_after for b in batches if b.outcome("silver.claims")
+    )
+
+
+def test_a_writer_that_loses_the_race_reloads_and_skips(conn, lake, tenant, dsn):
+    mixed_workload(conn, tenant)
+    sequencer.sequence(conn)
+    paused, resume = threading.Event(), threading.Event()
+
+    def hold_before_silver(table: str) -> None:
+        if table == "silver.claims" and not paused.is_set():
+            paused.set()
+            assert resume.wait(60)
+
+    results = {}
+
+    def writer_a():
+        with psycopg.connect(dsn, autocommit=True) as own:
+            results["a"] = drain_tenant(
+                own, lake, tenant.tenant_id, before_commit=hold_before_silver
+            )
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    assert paused.wait(60)
+    results["b"] = drain_tenant(conn, lake, tenant.tenant_id)
+    resume.set()
+    thread.join(60)
+
+    a, b = results["a"], results["b"]
+    assert a.batch_end == b.batch_end
+    assert b.outcome("silver.claims").action == "committed"
+    silver_a = a.outcome("silver.claims")
+    assert silver_a.action == "skipped" and silver_a.attempts == 2, silver_a
+    assert a.outcome("gold.areas").action == "skipped"
+    bronze = LakeView(lake, tenant.tenant_id).bronze
+    assert len(bronze) == len({r["journal_seq"] for r in bronze})
+
+    reference = Lake(lake.root + "-reference")
+    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    assert snapshot(lake, tenant.tenant_id) == snapshot(reference, tenant.tenant_id)
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_two_writers_racing_on_one_tenant_never_duplicate_or_lose(conn, lake, tenant, dsn, round_):
+    mixed_workload(conn, tenant, claims=10)
+    errors = []
+
+    def writer(max_batch: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as own:
+                config = WriterConfig(max_batch=max_batch, txn_lag_limit=max(1, max_batch // 2))
+                drain(own, lake, [tenant.tenant_id], until_idle=True, config=config)
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    sizes = [(7, 11), (5, 5), (13, 3)][round_]
+    threads = [threading.Thread(target=writer, args=(n,)) for n in sizes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    drain(conn, lake, [tenant.tenant_id], until_idle=True)
+
+    bronze = LakeView(lake, tenant.tenant_id).bronze
+    journal = conn.execute("SELECT count(*) FROM oml.outbox WHERE op = 'journal.event'").fetchone()[
+        0
+    ]
+    assert sorted(r["journal_seq"] for r in bronze) == list(range(1, journal + 1))
+    reference = Lake(lake.root + "-reference")
+    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    assert snapshot(lake, tenant.tenant_id) == snapshot(reference, tenant.tenant_id)
+
+
+def test_a_table_with_nothing_to_change_gets_a_txn_only_commit_when_it_lags(conn, lake, tenant):
+    make_tree(conn, tenant)
+    for i in range(6):
+        acts.upsert_area(
+            conn, tenant, new_id(), path=f"u.x{i}", status="development", parent_id=None
+        )
+    config = WriterConfig(max_batch=8, txn_lag_limit=4)
+    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=config)
+    silver = lake.open(lake.table_uri(tenant.tenant_id, SILVER_CLAIMS))
+    assert silver is not None, "silver lagged more than the limit: a txn-only commit creates it"
+    assert silver.to_pyarrow_table().num_rows == 0
+    assert silver.transaction_version(APP_ID) >= 8
+    areas = lake.open(lake.table_uri(tenant.tenant_id, GOLD_AREAS))
+    # The Delta log alone bounds a replay: no table lags more than the limit plus a batch.
+    last_seq = conn.execute("SELECT max(seq) FROM oml.outbox").fetchone()[0]
+    assert last_seq - silver.transaction_version(APP_ID) <= 2 * 8
+    assert areas.transaction_version(APP_ID) == last_seq
+
+
+def test_a_small_idle_tail_makes_no_commit(conn, lake, tenant):
+    make_tree(conn, tenant)
+    drain_all(conn, lake)
+    before = versions(lake, tenant.tenant_id)
+    acts.upsert_area(conn, tenant, new_id(), path="u.z", status="development", parent_id=None)
+    drain_all(conn, lake)
+    after = versions(lake, tenant.tenant_id)
+    changed = {k for k in after if after[k] != before[k]}
+    assert changed == {"bronze.events", "gold.areas"}
+
+
+def test_a_table_ahead_of_the_recorded_verdicts_stops_the_writer(conn, lake, tenant):
+    make_tree(conn, tenant)
+    drain_all(conn, lake)
+    conn.execute("DELETE FROM oml.lake_verdicts")
+    with pytest.raises(InconsistentFrontier, match="verdicts are decided only through 0"):
+        drain_tenant(conn, lake, tenant.tenant_id)
+
+
+def test_checkpoint_every_100_versions(conn, lake, tenant):
+    make_tree(conn, tenant)
+    for i in range(100):
+        acts.upsert_area(
+            conn, tenant, new_id(), path=f"u.n{i}", status="development", parent_id=None
+        )
+    drain(
+        conn,
+        lake,
+        [tenant.tenant_id],
+        until_idle=True,
+        config=WriterConfig(max_batch=2, txn_lag_limit=1),
+    )
+    uri = lake.table_uri(tenant.tenant_id, GOLD_AREAS)
+    table = lake.open(uri)
+    assert table.version() >= 100
+    log = os.listdir(os.path.join(uri, "_delta_log"))
+    assert "00000000000000000099.checkpoint.parquet" in log
+    last = Path(uri, "_delta_log", "_last_checkpoint").read_text()
+    assert json.loads(last)["version"] >= 99
+    assert table.metadata().configuration["delta.checkpointInterval"] == "100"
+
+
+def test_body_ciphertext_has_no_statistics_in_log_or_parquet(conn, lake, tenant):
+    tree = make_tree(conn, tenant)
+    made = [promoted(conn, tenant, tree.a) for _ in range(3)]
+    drain_all(conn, lake)
+    acts.demote(conn, tenant, made[0])  # a MERGE rewrite too
+    drain_all(conn, lake)
+    uri = lake.table_uri(tenant.tenant_id, SILVER_CLAIMS)
+    table = lake.open(uri)
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert adds
+    for add in adds:
+        assert not [k for k, v in add.items() if "body_ciphertext" in k and v is not None]
+    for name in sorted(os.listdir(uri)):
+        if name.endswith(".parquet"):
+            meta = pq.ParquetFile(os.path.join(uri, name)).metadata
+            for group in range(meta.num_row_groups):
+                for col in range(meta.num_columns):
+                    column = meta.row_group(group).column(col)
+                    if column.path_in_schema == "body_ciphertext":
+                        assert column.statistics is None or not column.statistics.has_min_max, name
+    for name in os.listdir(os.path.join(uri, "_delta_log")):
+        if name.endswith(".json"):
+            for line in Path(uri, "_delta_log", name).read_text().splitlines():
+                add = json.loads(line).get("add")
+                if add and add.get("stats"):
+                    stats = json.loads(add["stats"])
+                    assert all(
+                        "body_ciphertext" not in stats.get(k, {})
+                        for k in ("minValues", "maxValues", "nullCount")
+                    )
