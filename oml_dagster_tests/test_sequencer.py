@@ -1,0 +1,214 @@
+"""The stable-prefix cut: a tenant's rows are sequenced in journal order whatever the commit,
+xid or insert order; gaps hold back only their tenant and are reported; seq is gap-free."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from oml_dagster.lake import sequencer
+from oml_dagster.simulate import producer
+from oml_dagster.simulate.producer import Event, commit_act
+
+
+def _act(conn, keys, **kw) -> int:
+    return commit_act(conn, keys, Event("test.act", {"n": 1}), [("area.upsert", {"x": 1})], **kw)
+
+
+def _sequenced(conn) -> list[tuple]:
+    return conn.execute(
+        "SELECT tenant_id::text, journal_seq, id, seq FROM oml.outbox WHERE seq IS NOT NULL ORDER BY seq"
+    ).fetchall()
+
+
+def _assert_cut_invariants(conn) -> None:
+    rows = _sequenced(conn)
+    assert [r[3] for r in rows] == list(range(1, len(rows) + 1)), "seq is gap-free and unique"
+    by_tenant: dict[str, list[tuple]] = {}
+    for row in rows:
+        by_tenant.setdefault(row[0], []).append(row)
+    for tenant_rows in by_tenant.values():
+        order = [(r[1], r[2]) for r in tenant_rows]
+        assert order == sorted(order), "a tenant's rows follow (journal_seq, id)"
+        journal = sorted({r[1] for r in tenant_rows})
+        assert journal == list(range(1, len(journal) + 1)), "a tenant's run has no holes"
+
+
+def test_transactions_of_different_tenants_commit_out_of_order(conn, dsn):
+    a, b = producer.create_tenant(conn), producer.create_tenant(conn)
+    _act(conn, a)
+    in_flight, release = threading.Event(), threading.Event()
+
+    def slow_act():
+        with psycopg.connect(dsn, autocommit=True) as own:
+            _act(own, a, before_commit=lambda c: (in_flight.set(), release.wait(30)))
+
+    thread = threading.Thread(target=slow_act)
+    thread.start()
+    assert in_flight.wait(30)
+    for _ in range(3):
+        _act(conn, b)  # commits while a's second act is still open
+    report = sequencer.sequence(conn)
+    assert report.tenants[b.tenant_id].sequenced == 6
+    assert report.tenants[a.tenant_id].sequenced == 2
+    release.set()
+    thread.join(30)
+    report = sequencer.sequence(conn)
+    assert report.tenants[a.tenant_id].sequenced == 2 and b.tenant_id not in report.tenants
+    _assert_cut_invariants(conn)
+
+
+def test_a_next_act_that_took_its_xid_before_the_previous_committed(conn, dsn):
+    keys = producer.create_tenant(conn)
+    first_locked, second_has_xid, release = threading.Event(), threading.Event(), threading.Event()
+
+    def second():  # takes its xid first, then waits for the chain head lock
+        with psycopg.connect(dsn, autocommit=True) as own:
+            _act(own, keys, before_lock=lambda c: (second_has_xid.set(), first_locked.wait(30)))
+
+    def first():
+        with psycopg.connect(dsn, autocommit=True) as own:
+            assert second_has_xid.wait(30)
+            _act(own, keys, before_commit=lambda c: (first_locked.set(), release.wait(30)))
+
+    threads = [threading.Thread(target=second), threading.Thread(target=first)]
+    for t in threads:
+        t.start()
+    assert first_locked.wait(30)
+    time.sleep(0.2)
+    assert sequencer.sequence(conn).sequenced == 0  # neither act committed yet
+    release.set()
+    for t in threads:
+        t.join(30)
+    # xmin before the cut (the cut's UPDATE writes new row versions).
+    xids = dict(conn.execute("SELECT journal_seq, xmin::text::bigint FROM oml.outbox").fetchall())
+    assert xids[2] < xids[1], "act 2's transaction took its xid before act 1's"
+    sequencer.sequence(conn)
+    seqs = conn.execute("SELECT seq FROM oml.outbox ORDER BY journal_seq, id").fetchall()
+    assert [s for (s,) in seqs] == [1, 2, 3, 4]
+    _assert_cut_invariants(conn)
+
+
+def test_a_gap_holds_back_only_its_tenant_and_is_reported(conn):
+    a, b = producer.create_tenant(conn), producer.create_tenant(conn)
+    _act(conn, a)
+    _act(conn, b)
+    sequencer.sequence(conn)
+    # An act of tenant a at journal_seq 3 while 2 is not visible (as a stalled producer would leave).
+    conn.execute(
+        "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload) VALUES (%s, 3, 'x', %s)",
+        (a.tenant_id, Jsonb({})),
+    )
+    _act(conn, b)
+    report = sequencer.sequence(conn)
+    assert report.tenants.keys() == {b.tenant_id}
+    (gap,) = report.gaps
+    assert (gap.tenant_id, gap.waiting_rows, gap.missing_journal_seq) == (a.tenant_id, 1, 2)
+    assert sequencer.sequence(conn).gaps, "a persisting gap is reported again, never skipped"
+    conn.execute(
+        "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload) VALUES (%s, 2, 'x', %s)",
+        (a.tenant_id, Jsonb({})),
+    )
+    report = sequencer.sequence(conn)
+    assert report.tenants[a.tenant_id].sequenced == 2 and not report.gaps
+    _assert_cut_invariants(conn)
+
+
+def test_a_reenqueued_row_at_the_last_position_is_sequenced_after_everything(conn):
+    keys = producer.create_tenant(conn)
+    for _ in range(3):
+        _act(conn, keys)
+    sequencer.sequence(conn)
+    conn.execute(
+        "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload) VALUES (%s, 3, 'again', %s)",
+        (keys.tenant_id, Jsonb({})),
+    )
+    report = sequencer.sequence(conn)
+    assert report.tenants[keys.tenant_id].sequenced == 1
+    assert conn.execute("SELECT seq FROM oml.outbox WHERE op = 'again'").fetchone()[0] == 7
+
+
+def test_the_per_pass_limit_keeps_runs_contiguous(conn):
+    tenants = [producer.create_tenant(conn) for _ in range(3)]
+    for keys in tenants:
+        for _ in range(4):
+            _act(conn, keys)
+    passes = 0
+    while True:
+        report = sequencer.sequence(conn, limit=5)
+        passes += 1
+        _assert_cut_invariants(conn)
+        if not report.sequenced:
+            break
+    assert passes >= 5
+    assert conn.execute("SELECT count(*) FROM oml.outbox WHERE seq IS NULL").fetchone()[0] == 0
+
+
+def test_many_interleavings_never_skip_duplicate_or_reorder(conn, dsn):
+    rng = random.Random(7)
+    tenants = [producer.create_tenant(conn) for _ in range(4)]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def producer_thread(seed: int) -> None:
+        local = random.Random(seed)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as own:
+                for _ in range(25):
+                    keys = local.choice(tenants)
+                    hooks = {}
+                    if local.random() < 0.3:
+                        hooks["before_lock"] = lambda c: time.sleep(local.random() * 0.01)
+                    if local.random() < 0.3:
+                        hooks["before_commit"] = lambda c: time.sleep(local.random() * 0.02)
+                    if local.random() < 0.05:  # an occasional long-open transaction
+                        hooks["before_commit"] = lambda c: time.sleep(0.2)
+                    _act(own, keys, **hooks)
+        except BaseException as error:
+            errors.append(error)
+
+    def sequencer_thread() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as own:
+                while not stop.is_set():
+                    sequencer.sequence(own, limit=rng.choice([3, 10, 1000]))
+                    _assert_cut_invariants(own)
+        except BaseException as error:
+            errors.append(error)
+
+    producers = [threading.Thread(target=producer_thread, args=(i,)) for i in range(6)]
+    sequencers = [threading.Thread(target=sequencer_thread) for _ in range(2)]
+    for t in producers + sequencers:
+        t.start()
+    for t in producers:
+        t.join(120)
+    stop.set()
+    for t in sequencers:
+        t.join(60)
+    assert not errors, errors
+    while sequencer.sequence(conn).sequenced:
+        pass
+    total = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
+    assert total == 6 * 25 * 2
+    assert conn.execute("SELECT count(*) FROM oml.outbox WHERE seq IS NULL").fetchone()[0] == 0
+    _assert_cut_invariants(conn)
+
+
+def test_pending_tenants_is_one_query_over_the_cache(conn):
+    a, b = producer.create_tenant(conn), producer.create_tenant(conn)
+    _act(conn, a)
+    _act(conn, b)
+    sequencer.sequence(conn)
+    assert {t for t, _, _ in sequencer.pending_tenants(conn)} == {a.tenant_id, b.tenant_id}
+    conn.execute(
+        "INSERT INTO oml.lake_frontier (tenant_id, table_name, batch_end, txn_version)"
+        " SELECT %s, name, 1000, 0 FROM unnest(ARRAY['bronze.events','silver.claims',"
+        " 'gold.lineage','gold.areas']) AS name",
+        (a.tenant_id,),
+    )
+    assert [t for t, _, _ in sequencer.pending_tenants(conn)] == [b.tenant_id]
+    assert sequencer.pending_tenants(conn, [a.tenant_id]) == []
