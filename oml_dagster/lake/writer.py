@@ -116,13 +116,15 @@ def _handle(lake: Lake, tenant_id: str, spec: TableSpec, workarea_id: str | None
     return _Handle(spec, name, uri, table, _txn(table))
 
 
-def _writer_properties(spec: TableSpec) -> WriterProperties | None:
-    if not spec.body_columns:
-        return None
+def _writer_properties(spec: TableSpec) -> WriterProperties:
+    """Parquet settings for every write, MERGE and rewrite: no statistics for body columns.
+    Compression is named explicitly: WriterProperties without it writes uncompressed files."""
     return WriterProperties(
+        compression="SNAPPY",
         column_properties={
             c: ColumnProperties(statistics_enabled="NONE") for c in spec.body_columns
         }
+        or None,
     )
 
 
