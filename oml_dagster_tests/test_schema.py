@@ -1,0 +1,146 @@
+"""The column-level schema of every table equals the spec: names, order, Delta and Arrow types,
+nullability and partitioning, both as declared and as written to Delta by a drain.
+
+The spec is read from docs/spec/delta-tables.txt, a copy of the contract kept in the repository;
+when the shared contract is beside the checkout, the copy must equal it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from oml_dagster.lake.tables import (
+    BRONZE_EVENTS,
+    GOLD_AREAS,
+    GOLD_CURATED,
+    GOLD_LINEAGE,
+    SILVER_CLAIMS,
+    TableSpec,
+)
+from oml_dagster.simulate import acts
+from oml_dagster_tests.helpers import drain_all, make_tree, new_id, promoted
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "docs" / "spec" / "delta-tables.txt"
+SHARED = ROOT.parent / "shared" / "spec" / "delta-tables.txt"
+
+ARROW = {
+    "utf8": pa.string(),
+    "int64": pa.int64(),
+    "binary": pa.binary(),
+    "timestamp[µs, UTC]": pa.timestamp("us", tz="UTC"),
+    "date32": pa.date32(),
+}
+
+
+def spec_columns() -> dict[str, list[tuple[str, str, str, bool]]]:
+    """Per table heading: (column, Delta type, Arrow type, nullable) rows of the spec."""
+    tables: dict[str, list] = {}
+    current = None
+    for line in SPEC.read_text().splitlines():
+        if line in (
+            "bronze.events",
+            "silver.claims",
+            "gold.lineage",
+            "gold.areas",
+            "gold.curated_<table>",
+        ):
+            current = line
+            tables[current] = []
+        elif current and line.startswith("Column\t"):
+            continue
+        elif current and "\t" in line and len(line.split("\t")) >= 4:
+            name, delta, arrow, null = line.split("\t")[:4]
+            if null in ("yes", "no"):
+                tables[current].append((name, delta, arrow, null == "yes"))
+        elif current and tables[current] and not line.strip():
+            continue
+        elif current and tables[current]:
+            current = None
+    return tables
+
+
+def _expected_type(delta: str, arrow: str, column: str) -> pa.DataType:
+    if arrow in ARROW:
+        return ARROW[arrow]
+    if delta == "ARRAY<STRING>":
+        return pa.list_(pa.field("element", pa.string(), nullable=False))
+    if delta == "ARRAY<STRUCT>" and column == "attachments":
+        return pa.list_(
+            pa.field(
+                "element",
+                pa.struct(
+                    [
+                        pa.field("plaintext_digest", pa.string(), nullable=False),
+                        pa.field("ciphertext_digest", pa.string(), nullable=False),
+                        pa.field("media_type", pa.string(), nullable=False),
+                        pa.field("size_bytes", pa.int64(), nullable=False),
+                    ]
+                ),
+                nullable=False,
+            )
+        )
+    raise AssertionError(f"unmapped spec type {delta}/{arrow} for {column}")
+
+
+def expected_schema(heading: str) -> pa.Schema:
+    rows = spec_columns()[heading]
+    if heading == "gold.curated_<table>":
+        rows = spec_columns()["silver.claims"] + rows
+    return pa.schema(
+        [pa.field(n, _expected_type(d, a, n), nullable=null) for n, d, a, null in rows]
+    )
+
+
+CASES = [
+    ("bronze.events", BRONZE_EVENTS, ["event_date"]),
+    ("silver.claims", SILVER_CLAIMS, []),
+    ("gold.lineage", GOLD_LINEAGE, []),
+    ("gold.areas", GOLD_AREAS, []),
+    ("gold.curated_<table>", GOLD_CURATED, []),
+]
+
+
+def test_the_repository_copy_of_the_spec_is_the_contract():
+    if not SHARED.exists():
+        pytest.skip("the shared contract is not beside this checkout")
+    assert SPEC.read_text() == SHARED.read_text()
+
+
+def test_the_spec_parses_to_every_column():
+    counts = {k: len(v) for k, v in spec_columns().items()}
+    assert counts == {
+        "bronze.events": 19,
+        "silver.claims": 24,
+        "gold.lineage": 15,
+        "gold.areas": 11,
+        "gold.curated_<table>": 1,
+    }
+
+
+@pytest.mark.parametrize("heading,spec,partitions", CASES, ids=[c[0] for c in CASES])
+def test_declared_schema_equals_the_spec(heading, spec: TableSpec, partitions):
+    assert spec.schema.equals(expected_schema(heading)), (spec.schema, expected_schema(heading))
+    assert list(spec.partition_by) == partitions
+
+
+@pytest.mark.parametrize("heading,spec,partitions", CASES, ids=[c[0] for c in CASES])
+def test_written_tables_equal_the_spec(conn, lake, tenant, heading, spec: TableSpec, partitions):
+    tree = make_tree(conn, tenant)
+    c = promoted(conn, tenant, tree.a, sim_derived_ids=None)
+    acts.ratify(conn, tenant, acts.Edge(new_id(), c.artifact_id, c.artifact_id, dst_version=1))
+    acts.validate_area(conn, tenant, tree.a)
+    acts.demote(conn, tenant, c)  # MERGE rewrites too
+    drain_all(conn, lake)
+    workarea = tree.a if spec is GOLD_CURATED else None
+    table = lake.open(lake.table_uri(tenant.tenant_id, spec, workarea))
+    written = pa.schema(table.schema().to_arrow())
+    expected = expected_schema(heading)
+    assert written.names == expected.names
+    for field in expected:
+        got = written.field(field.name)
+        assert got.nullable == field.nullable, field.name
+        assert got.type.equals(field.type), (field.name, got.type, field.type)
+    assert table.metadata().partition_columns == partitions
