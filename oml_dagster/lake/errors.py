@@ -31,3 +31,9 @@ class InconsistentFrontier(LakeError):
 class VerdictConflict(LakeError):
     """Another writer recorded different verdicts for the same ops; this run stops and the
     next run folds with the recorded ones."""
+
+
+class LostCuratedTable(LakeError):
+    """gold.areas marks a workarea validated but its curated table is gone. A curated table is
+    built from silver as of the validation, which the live silver no longer shows, so it cannot
+    be rebuilt alone: recover the tenant's whole prefix (delete it, then drain or backfill)."""

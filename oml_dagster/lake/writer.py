@@ -38,7 +38,13 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from . import catalog, deadletter
 from .catalog import Op
-from .errors import ConflictingCommit, InconsistentFrontier, RefusedOp, VerdictConflict
+from .errors import (
+    ConflictingCommit,
+    InconsistentFrontier,
+    LostCuratedTable,
+    RefusedOp,
+    VerdictConflict,
+)
 from .state import AppendWork, KeyedWork, TenantState
 from .storage import Lake, query, read_rows, sql_in
 from .tables import (
@@ -383,8 +389,12 @@ def drain_tenant(
     for area in area_rows:
         if area["status"] == "validated":
             h = _handle(lake, tenant_id, GOLD_CURATED, area["workarea_id"])
-            if h.table is not None:
-                handles[h.name] = h
+            if h.table is None:
+                raise LostCuratedTable(
+                    f"tenant {tenant_id}: {h.name} is missing although gold.areas marks the area "
+                    f"validated; delete {lake.tenant_uri(tenant_id)} and drain the tenant again"
+                )
+            handles[h.name] = h
 
     txns = [h.txn for h in handles.values()]
     base, leading = min(txns), max(txns)

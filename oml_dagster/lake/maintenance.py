@@ -1,0 +1,596 @@
+"""Lake maintenance (spec: "Maintenance" and "The erasure-SLO interaction"): bin-pack and Z-order
+OPTIMIZE, checkpoints, VACUUM and log cleanup, per tenant, over every table `tenant_tables` finds.
+
+What this module decides:
+- Retention is the tenant's `lake_erasure_bound` (oml.tenant_policy), applied through the table
+  properties `delta.deletedFileRetentionDuration` and `delta.logRetentionDuration` (delta-rs
+  honours them to the second; `retention_hours` only takes whole hours). The properties are
+  brought back to the spec's configuration before every VACUUM and log cleanup, so a policy
+  change reaches the tables at the next run.
+- VACUUM always lists the whole table (`full=True`): tombstoned files and orphans left by failed
+  or killed commits both go once older than the bound. Every file the log references must still
+  be there afterwards, or the run fails loudly.
+- delta-rs deletes a log entry only when a checkpoint at or before the oldest version still
+  inside the bound covers it (every version inside the bound stays readable). So the checkpoint
+  step also writes a checkpoint whenever commits after the last one have already expired; it
+  runs before VACUUM, whose two commits would otherwise be the oldest unexpired versions.
+- OPTIMIZE commits carry no app transaction (delta-rs drops them); the writer's skip rule reads
+  `transaction_version`, which is the last txn recorded in the log or its checkpoint, so commits
+  without one leave it where it was. Every rewrite passes the writer's Parquet settings again,
+  or footer statistics of `body_ciphertext` would come back.
+- Nothing here locks: maintenance of a tenant never runs next to a drain of that tenant because
+  both are runs of the same tenant partition under the per-tenant run limit (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import psycopg
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
+from deltalake.fs import DeltaStorageHandler
+
+from .errors import LakeError
+from .storage import Lake, tenant_tables
+from .tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec
+from .writer import _writer_properties as writer_properties
+from .writer import erasure_bound
+
+LOG_DIR = "_delta_log"
+_LOG_FILE = re.compile(r"^(\d{20})\.(json|checkpoint(\.\d+\.\d+)?\.parquet)$")
+
+# What one `oml-lake maintain <task>` (or one scheduled job) runs, in order.
+COMPACT, ZORDER, CHECKPOINT, VACUUM, LOG_CLEANUP, PROPERTIES = (
+    "compact",
+    "zorder",
+    "checkpoint",
+    "vacuum",
+    "log-cleanup",
+    "properties",
+)
+TASKS: dict[str, tuple[str, ...]] = {
+    "compact": (COMPACT,),
+    "zorder": (ZORDER,),
+    "checkpoint": (CHECKPOINT,),
+    "vacuum": (CHECKPOINT, VACUUM, LOG_CLEANUP),
+    "all": (COMPACT, ZORDER, CHECKPOINT, VACUUM, LOG_CLEANUP),
+}
+
+
+class MaintenanceDamage(LakeError):
+    """A maintenance step left a table that does not read back as it was: a live file missing
+    after VACUUM, or a different version, file set or txn after log cleanup."""
+
+
+@dataclass(frozen=True)
+class MaintenanceResult:
+    """One operation on one table. `files_*` count what the operation works on (`scope`): live
+    data files for OPTIMIZE, data files on storage for VACUUM, log files for checkpoints and
+    log cleanup. OPTIMIZE "removes" files from the live set (they stay on storage until VACUUM);
+    VACUUM and log cleanup delete them."""
+
+    tenant_id: str
+    table: str
+    operation: str
+    action: str  # rewrote | checkpointed | vacuumed | cleaned | updated | unchanged | skipped
+    scope: str
+    files_before: int = 0
+    files_after: int = 0
+    files_added: int = 0
+    files_removed: int = 0
+    bytes_added: int = 0
+    bytes_removed: int = 0
+    version_before: int = 0
+    version_after: int = 0
+    live_files: int = 0
+    checkpoint_version: int | None = None
+    duration_seconds: float = 0.0
+    detail: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.action not in ("unchanged", "skipped")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line for the command line: what was rewritten, removed and kept."""
+        head = f"{self.table} {self.operation}"
+        versions = f"version {self.version_before} -> {self.version_after}"
+        took = f"{self.duration_seconds:.2f}s"
+        if self.operation in (COMPACT, ZORDER) and self.changed:
+            body = (
+                f"rewrote {self.files_removed} files ({_size(self.bytes_removed)}) into "
+                f"{self.files_added} ({_size(self.bytes_added)}); live files "
+                f"{self.files_before} -> {self.files_after}"
+            )
+        elif self.operation == VACUUM:
+            body = (
+                f"removed {self.files_removed} files ({_size(self.bytes_removed)}); kept "
+                f"{self.files_after} on storage ({self.live_files} live, "
+                f"{self.files_after - self.live_files} inside the bound)"
+            )
+        elif self.operation == LOG_CLEANUP:
+            body = (
+                f"removed {self.files_removed} log files ({_size(self.bytes_removed)}); kept "
+                f"{self.files_after} (checkpoint at {self.checkpoint_version})"
+            )
+        elif self.operation == CHECKPOINT and self.changed:
+            body = f"checkpoint at version {self.checkpoint_version}"
+        else:
+            body = self.action
+        detail = f"; {self.detail}" if self.detail else ""
+        return f"{head}: {body}; {versions}; {took}{detail}"
+
+
+def _size(n: float) -> str:
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+# --- what is on storage ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Listing:
+    data: dict[str, int]  # path relative to the table root -> size; everything outside the log
+    log: dict[str, tuple[int, dt.datetime | None]]  # name in _delta_log -> (size, mtime)
+
+    def log_versions(self, kind: str) -> list[int]:
+        found = []
+        for name in self.log:
+            match = _LOG_FILE.match(name)
+            if match and match[2].startswith(kind):
+                found.append(int(match[1]))
+        return sorted(found)
+
+
+def _filesystem(lake: Lake, uri: str) -> pafs.FileSystem:
+    return pafs.PyFileSystem(DeltaStorageHandler(uri, lake.storage_options or None))
+
+
+def _list(lake: Lake, uri: str) -> _Listing:
+    data: dict[str, int] = {}
+    log: dict[str, tuple[int, dt.datetime | None]] = {}
+    infos = _filesystem(lake, uri).get_file_info(pafs.FileSelector("", recursive=True))
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        path = info.path.lstrip("/")
+        if path.startswith(f"{LOG_DIR}/"):
+            log[path[len(LOG_DIR) + 1 :]] = (info.size or 0, info.mtime)
+        else:
+            data[path] = info.size or 0
+    return _Listing(data, log)
+
+
+def last_checkpoint(lake: Lake, uri: str) -> int | None:
+    """The version `_delta_log/_last_checkpoint` names, or None when there is no checkpoint."""
+    fs = _filesystem(lake, uri)
+    path = f"{LOG_DIR}/_last_checkpoint"
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_file(path) as f:
+        return int(json.loads(f.read())["version"])
+
+
+def _live(table: DeltaTable) -> dict[str, int]:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    return dict(
+        zip(
+            actions.column("path").to_pylist(),
+            actions.column("size_bytes").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def _commit_properties(tenant_id: str, operation: str) -> CommitProperties:
+    # No app transaction: delta-rs would drop it on OPTIMIZE anyway, and a maintenance commit
+    # must never move the writer's txn version.
+    return CommitProperties(
+        custom_metadata={"oml.tenant_id": tenant_id, "oml.maintenance": operation}
+    )
+
+
+# Maintenance commits leave log expiry to the log-cleanup step, which checks the table reads back
+# afterwards (delta-rs otherwise expires logs after any commit once a checkpoint covers them).
+_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+
+
+def _metric_size(metrics: dict, key: str) -> int:
+    value = metrics.get(key) or {}
+    if isinstance(value, str):
+        value = json.loads(value)
+    return int(value.get("totalSize") or 0)
+
+
+# --- one table ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Table:
+    """One table of one tenant, as `tenant_tables` names it."""
+
+    lake: Lake
+    tenant_id: str
+    name: str
+    spec: TableSpec
+    uri: str
+
+    def open(self) -> DeltaTable:
+        table = self.lake.open(self.uri)
+        if table is None:
+            raise MaintenanceDamage(
+                f"{self.name} of tenant {self.tenant_id}: no table at {self.uri}"
+            )
+        return table
+
+    def result(self, operation: str, action: str, scope: str, **fields) -> MaintenanceResult:
+        return MaintenanceResult(self.tenant_id, self.name, operation, action, scope, **fields)
+
+
+def _optimize(t: _Table, operation: str, target_size: int | None) -> MaintenanceResult:
+    started = time.monotonic()
+    table = t.open()
+    before = _live(table)
+    version = table.version()
+    scope = "live data files"
+    if operation == ZORDER:
+        if not t.spec.zorder_by:
+            return t.result(
+                operation,
+                "skipped",
+                scope,
+                files_before=len(before),
+                files_after=len(before),
+                version_before=version,
+                version_after=version,
+                live_files=len(before),
+                detail="no Z-order columns declared",
+            )
+        if len(before) < 2:
+            # One file is as clustered as file skipping can use; rewriting it buys nothing.
+            return t.result(
+                operation,
+                "unchanged",
+                scope,
+                files_before=len(before),
+                files_after=len(before),
+                version_before=version,
+                version_after=version,
+                live_files=len(before),
+                detail="fewer than two files",
+            )
+        metrics = table.optimize.z_order(
+            list(t.spec.zorder_by),
+            target_size=target_size,
+            writer_properties=writer_properties(t.spec),
+            commit_properties=_commit_properties(t.tenant_id, operation),
+            post_commithook_properties=_HOOKS,
+        )
+    else:
+        metrics = table.optimize.compact(
+            target_size=target_size,
+            writer_properties=writer_properties(t.spec),
+            commit_properties=_commit_properties(t.tenant_id, operation),
+            post_commithook_properties=_HOOKS,
+        )
+    after = _live(t.open())
+    added, removed = (
+        int(metrics.get("numFilesAdded") or 0),
+        int(metrics.get("numFilesRemoved") or 0),
+    )
+    detail = f"by {', '.join(t.spec.zorder_by)}" if operation == ZORDER else ""
+    return t.result(
+        operation,
+        "rewrote" if added or removed else "unchanged",
+        scope,
+        files_before=len(before),
+        files_after=len(after),
+        files_added=added,
+        files_removed=removed,
+        bytes_added=_metric_size(metrics, "filesAdded"),
+        bytes_removed=_metric_size(metrics, "filesRemoved"),
+        version_before=version,
+        version_after=t.open().version(),
+        live_files=len(after),
+        duration_seconds=time.monotonic() - started,
+        detail=detail,
+    )
+
+
+def sync_properties(t: _Table, bound_seconds: int) -> MaintenanceResult | None:
+    """Bring the table's properties back to the spec's configuration for the tenant's current
+    erasure bound; one commit when anything differs, nothing otherwise."""
+    started = time.monotonic()
+    table = t.open()
+    wanted = t.spec.configuration(bound_seconds)
+    current = table.metadata().configuration
+    changed = {k: v for k, v in wanted.items() if current.get(k) != v}
+    if not changed:
+        return None
+    version = table.version()
+    table.alter.set_table_properties(
+        changed,
+        commit_properties=_commit_properties(t.tenant_id, PROPERTIES),
+        post_commithook_properties=_HOOKS,
+    )
+    detail = ", ".join(f"{k}: {current.get(k)!r} -> {v!r}" for k, v in sorted(changed.items()))
+    return t.result(
+        PROPERTIES,
+        "updated",
+        "table properties",
+        version_before=version,
+        version_after=t.open().version(),
+        duration_seconds=time.monotonic() - started,
+        detail=detail,
+    )
+
+
+def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceResult:
+    """Checkpoint when the last checkpoint is CHECKPOINT_INTERVAL or more versions behind, or
+    when commits after it have already outlived the bound (log cleanup needs a checkpoint past
+    them before it may delete them)."""
+    started = time.monotonic()
+    table = t.open()
+    version = table.version()
+    listing = _list(t.lake, t.uri)
+    last = last_checkpoint(t.lake, t.uri)
+    behind = version - (last if last is not None else -1)
+    cutoff = now - dt.timedelta(seconds=bound_seconds)
+    expired_after_last = [
+        v
+        for v in listing.log_versions("json")
+        if (last if last is not None else -1) < v < version
+        and (mtime := listing.log[f"{v:020d}.json"][1]) is not None
+        and mtime <= cutoff
+    ]
+    due = behind >= CHECKPOINT_INTERVAL
+    if not due and not expired_after_last:
+        return t.result(
+            CHECKPOINT,
+            "unchanged",
+            "log files",
+            files_before=len(listing.log),
+            files_after=len(listing.log),
+            version_before=version,
+            version_after=version,
+            live_files=len(_live(table)),
+            checkpoint_version=last,
+            duration_seconds=time.monotonic() - started,
+            detail=f"{behind} versions since the last checkpoint",
+        )
+    table.create_checkpoint()
+    after = _list(t.lake, t.uri)
+    reason = (
+        f"{behind} versions since the last checkpoint"
+        if due
+        else f"{len(expired_after_last)} commits after the last checkpoint outlived the bound"
+    )
+    return t.result(
+        CHECKPOINT,
+        "checkpointed",
+        "log files",
+        files_before=len(listing.log),
+        files_after=len(after.log),
+        files_added=len(after.log) - len(listing.log),
+        version_before=version,
+        version_after=version,
+        live_files=len(_live(table)),
+        checkpoint_version=last_checkpoint(t.lake, t.uri),
+        duration_seconds=time.monotonic() - started,
+        detail=reason,
+    )
+
+
+def _vacuum(t: _Table) -> MaintenanceResult:
+    """VACUUM with the table's deleted-file retention (= the erasure bound), listing the whole
+    table so orphans of failed commits go too."""
+    started = time.monotonic()
+    table = t.open()
+    version = table.version()
+    before = _list(t.lake, t.uri)
+    deleted = table.vacuum(
+        retention_hours=None,
+        dry_run=False,
+        full=True,
+        commit_properties=_commit_properties(t.tenant_id, VACUUM),
+        post_commithook_properties=_HOOKS,
+    )
+    after = _list(t.lake, t.uri)
+    fresh = t.open()
+    live = _live(fresh)
+    missing = sorted(set(live) - set(after.data))
+    if missing:
+        raise MaintenanceDamage(
+            f"{t.name} of tenant {t.tenant_id}: VACUUM left the log referencing missing files "
+            f"{missing[:5]}"
+        )
+    return t.result(
+        VACUUM,
+        "vacuumed" if deleted else "unchanged",
+        "data files on storage",
+        files_before=len(before.data),
+        files_after=len(after.data),
+        files_removed=len(deleted),
+        bytes_removed=sum(before.data.get(p.lstrip("/"), 0) for p in deleted),
+        version_before=version,
+        version_after=fresh.version(),
+        live_files=len(live),
+        checkpoint_version=last_checkpoint(t.lake, t.uri),
+        duration_seconds=time.monotonic() - started,
+    )
+
+
+def _cleanup_logs(t: _Table) -> MaintenanceResult:
+    """Expire log entries and checkpoints older than `delta.logRetentionDuration` that a newer
+    checkpoint covers; the latest version must read back exactly as before."""
+    started = time.monotonic()
+    table = t.open()
+    version, live, txn = table.version(), _live(table), table.transaction_version(APP_ID)
+    before = _list(t.lake, t.uri)
+    table.cleanup_metadata()
+    after = _list(t.lake, t.uri)
+    fresh = t.open()
+    if (fresh.version(), _live(fresh), fresh.transaction_version(APP_ID)) != (version, live, txn):
+        raise MaintenanceDamage(
+            f"{t.name} of tenant {t.tenant_id}: after log cleanup the table reads version "
+            f"{fresh.version()} with txn {fresh.transaction_version(APP_ID)} and "
+            f"{len(_live(fresh))} files, not version {version}, txn {txn}, {len(live)} files"
+        )
+    removed = sorted(set(before.log) - set(after.log))
+    readable = after.log_versions("checkpoint")
+    if f"{0:020d}.json" in after.log:
+        readable = [0, *readable]
+    return t.result(
+        LOG_CLEANUP,
+        "cleaned" if removed else "unchanged",
+        "log files",
+        files_before=len(before.log),
+        files_after=len(after.log),
+        files_removed=len(removed),
+        bytes_removed=sum(before.log[n][0] for n in removed),
+        version_before=version,
+        version_after=version,
+        live_files=len(live),
+        checkpoint_version=last_checkpoint(t.lake, t.uri),
+        duration_seconds=time.monotonic() - started,
+        detail=f"oldest readable version {min(readable)}" if readable else "",
+    )
+
+
+# --- one tenant --------------------------------------------------------------------------------
+
+
+def _tables(lake: Lake, tenant_id: str) -> list[_Table]:
+    return [
+        _Table(lake, tenant_id, name, spec, uri)
+        for name, spec, uri in tenant_tables(lake, tenant_id)
+    ]
+
+
+def _bound_seconds(conn: psycopg.Connection, tenant_id: str) -> int:
+    return max(int(erasure_bound(conn, tenant_id).total_seconds()), 0)
+
+
+def compact(
+    lake: Lake, tenant_id: str, *, target_size: int | None = None
+) -> list[MaintenanceResult]:
+    """Bin-pack OPTIMIZE of every table of the tenant (each bronze day partition separately)."""
+    return [_optimize(t, COMPACT, target_size) for t in _tables(lake, tenant_id)]
+
+
+def zorder(
+    lake: Lake, tenant_id: str, *, target_size: int | None = None
+) -> list[MaintenanceResult]:
+    """Z-order OPTIMIZE of every table that declares Z-order columns."""
+    return [_optimize(t, ZORDER, target_size) for t in _tables(lake, tenant_id) if t.spec.zorder_by]
+
+
+def checkpoint(
+    conn: psycopg.Connection, lake: Lake, tenant_id: str, *, now: dt.datetime | None = None
+) -> list[MaintenanceResult]:
+    bound = _bound_seconds(conn, tenant_id)
+    now = now or dt.datetime.now(dt.UTC)
+    return [_checkpoint(t, bound, now) for t in _tables(lake, tenant_id)]
+
+
+def vacuum(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
+    """Properties back to the tenant's bound, then a full-listing VACUUM of every table."""
+    bound = _bound_seconds(conn, tenant_id)
+    results: list[MaintenanceResult] = []
+    for t in _tables(lake, tenant_id):
+        synced = sync_properties(t, bound)
+        if synced is not None:
+            results.append(synced)
+        results.append(_vacuum(t))
+    return results
+
+
+def cleanup_logs(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
+    """Log cleanup of every table with the tenant's bound as log retention."""
+    bound = _bound_seconds(conn, tenant_id)
+    results: list[MaintenanceResult] = []
+    for t in _tables(lake, tenant_id):
+        synced = sync_properties(t, bound)
+        if synced is not None:
+            results.append(synced)
+        results.append(_cleanup_logs(t))
+    return results
+
+
+def run_operation(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    operation: str,
+    *,
+    target_size: int | None = None,
+) -> list[MaintenanceResult]:
+    """One operation (COMPACT, ZORDER, CHECKPOINT, VACUUM or LOG_CLEANUP) for one tenant."""
+    steps: dict[str, Callable[[], list[MaintenanceResult]]] = {
+        COMPACT: lambda: compact(lake, tenant_id, target_size=target_size),
+        ZORDER: lambda: zorder(lake, tenant_id, target_size=target_size),
+        CHECKPOINT: lambda: checkpoint(conn, lake, tenant_id),
+        VACUUM: lambda: vacuum(conn, lake, tenant_id),
+        LOG_CLEANUP: lambda: cleanup_logs(conn, lake, tenant_id),
+    }
+    if operation not in steps:
+        raise ValueError(f"unknown maintenance operation {operation!r}")
+    return steps[operation]()
+
+
+def maintain(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    task: str = "all",
+    *,
+    target_size: int | None = None,
+) -> list[MaintenanceResult]:
+    """Every operation of `task` (a key of TASKS) for one tenant, in order."""
+    if task not in TASKS:
+        raise ValueError(f"unknown maintenance task {task!r}; one of {', '.join(TASKS)}")
+    results: list[MaintenanceResult] = []
+    for operation in TASKS[task]:
+        results.extend(run_operation(conn, lake, tenant_id, operation, target_size=target_size))
+    return results
+
+
+def known_tenants(conn: psycopg.Connection) -> list[str]:
+    """Every tenant the sequencer or the policy table knows."""
+    rows = conn.execute(
+        "SELECT tenant_id::text FROM oml.sequencer_tenant"
+        " UNION SELECT tenant_id::text FROM oml.tenant_policy ORDER BY 1"
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def totals(results: Iterable[MaintenanceResult]) -> dict[str, int | float]:
+    """Sums over a run's results (per-table numbers stay in the results)."""
+    results = list(results)
+    return {
+        "tables": len({r.table for r in results}),
+        "changed": sum(1 for r in results if r.changed),
+        "files_before": sum(r.files_before for r in results),
+        "files_after": sum(r.files_after for r in results),
+        "files_removed": sum(r.files_removed for r in results),
+        "files_added": sum(r.files_added for r in results),
+        "bytes_removed": sum(r.bytes_removed for r in results),
+        "commits": sum(r.version_after - r.version_before for r in results),
+        "duration_seconds": round(sum(r.duration_seconds for r in results), 3),
+    }
