@@ -3,76 +3,18 @@ server on loopback (a subprocess, not an in-process mock)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import pytest
 
-MOTO_START_TIMEOUT_S = 30.0
-
 
 @pytest.fixture
 def table_uri(tmp_path) -> str:
     """Path of a not-yet-existing Delta table in a per-test temporary directory."""
     return str(tmp_path / "table")
-
-
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_until_serving(proc: subprocess.Popen, endpoint: str) -> None:
-    deadline = time.monotonic() + MOTO_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"moto server exited early with rc={proc.returncode}")
-        try:
-            with urllib.request.urlopen(endpoint, timeout=1):
-                return
-        except urllib.error.HTTPError:
-            return  # it answered: serving
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            time.sleep(0.1)
-    raise RuntimeError(f"moto server did not answer on {endpoint} in {MOTO_START_TIMEOUT_S}s")
-
-
-@pytest.fixture(scope="session")
-def moto_endpoint(tmp_path_factory) -> Iterator[str]:
-    """A real S3 API server (``python -m moto.server``) on a free loopback port, for the session.
-
-    The process is terminated (then killed if it lingers) at teardown, which frees the port.
-    """
-    port = _free_loopback_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("moto") / "moto-server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        try:
-            _wait_until_serving(proc, endpoint)
-            yield endpoint
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
 
 
 @dataclass(frozen=True)
