@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${OML_VENV:-.venv}"
+# The UI test drives headless Chromium (Debian's package). Install it when missing and we can;
+# OML_SKIP_BROWSER_INSTALL=1 skips this (the UI test then skips, saying why).
+if [ -z "${OML_SKIP_BROWSER_INSTALL:-}" ] && ! command -v chromium >/dev/null 2>&1 \
+   && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   python3.11 -m venv "$VENV" 2>/dev/null || python3 -m venv "$VENV"
 fi
