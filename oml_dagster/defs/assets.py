@@ -1,0 +1,228 @@
+"""The lake as tenant-partitioned assets (DESIGN §4): the Postgres outbox upstream, and the five
+lake tables that one lake-writer run brings forward together.
+
+The core folds one batch of a tenant's ops into every table at once (`drain_tenant`), so the five
+tables are one multi-asset: a run calls the core once and reports each table's commit in that
+batch as that asset's materialization. The dependencies are the data's lineage as an operator
+reads it (outbox → bronze/silver → gold), not an execution order: the core owns the commit order.
+"""
+
+from collections.abc import Iterator
+
+import psycopg
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    MaterializeResult,
+    MetadataValue,
+    TableColumn,
+    TableColumnConstraints,
+    TableSchema,
+    multi_asset,
+)
+
+from oml_dagster.lake import deadletter
+from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.tables import (
+    BRONZE_EVENTS,
+    GOLD_AREAS,
+    GOLD_CURATED,
+    GOLD_LINEAGE,
+    SILVER_CLAIMS,
+    TableSpec,
+)
+from oml_dagster.lake.writer import BatchResult, TableOutcome, drain_tenant, lag
+
+from .partitions import tenant_partitions
+from .resources import LakeResource, PostgresResource, WriterResource
+
+OUTBOX = AssetKey(["postgres", "outbox"])
+BRONZE = AssetKey(["bronze", "events"])
+SILVER = AssetKey(["silver", "claims"])
+LINEAGE = AssetKey(["gold", "lineage"])
+AREAS = AssetKey(["gold", "areas"])
+CURATED = AssetKey(["gold", "curated"])
+
+# Which table each asset is, in the core's naming.
+TABLE_OF: dict[AssetKey, TableSpec] = {
+    BRONZE: BRONZE_EVENTS,
+    SILVER: SILVER_CLAIMS,
+    LINEAGE: GOLD_LINEAGE,
+    AREAS: GOLD_AREAS,
+    CURATED: GOLD_CURATED,
+}
+
+
+def _column_schema(spec: TableSpec) -> TableSchema:
+    return TableSchema(
+        columns=[
+            TableColumn(
+                name=f.name,
+                type=str(f.type),
+                constraints=None if f.nullable else TableColumnConstraints(nullable=False),
+            )
+            for f in spec.schema
+        ]
+    )
+
+
+def _lake_spec(key: AssetKey, group: str, deps: list[AssetKey], description: str) -> AssetSpec:
+    spec = TABLE_OF[key]
+    return AssetSpec(
+        key,
+        deps=deps,
+        group_name=group,
+        description=description,
+        kinds={"deltalake"},
+        partitions_def=tenant_partitions,
+        metadata={
+            "table": spec.name,
+            "path": f"<OML_LAKE_URI>/<tenant_id>/{spec.relpath}"
+            + ("/<workarea_id>" if spec is GOLD_CURATED else ""),
+            "dagster/column_schema": _column_schema(spec),
+        },
+    )
+
+
+outbox = AssetSpec(
+    OUTBOX,
+    group_name="postgres",
+    description=(
+        "oml.outbox in Postgres, the authority: producers write a tenant's ops in the same "
+        "transaction as the act; the outbox sensor sequences them and reports each tenant's "
+        "newly sequenced rows here."
+    ),
+    kinds={"postgres"},
+    partitions_def=tenant_partitions,
+)
+
+LAKE_SPECS: list[AssetSpec] = [
+    _lake_spec(BRONZE, "bronze", [OUTBOX], "Every journal event of the tenant, append-only."),
+    _lake_spec(SILVER, "silver", [OUTBOX], "Claims with their lifecycle state and sealed body."),
+    _lake_spec(
+        LINEAGE, "gold", [SILVER], "Ratified lineage edges between claims, demoted with them."
+    ),
+    _lake_spec(AREAS, "gold", [BRONZE], "The tenant's workarea tree, folded from its events."),
+    _lake_spec(
+        CURATED,
+        "gold",
+        [SILVER, AREAS],
+        "One table per validated workarea: silver's promoted rows as of the validation, "
+        "retracted with silver afterwards.",
+    ),
+]
+
+
+def batch_metadata(
+    conn: psycopg.Connection, lake: Lake, result: BatchResult
+) -> dict[AssetKey, dict]:
+    """What one run did to each table, as numbers the UI plots over time: rows added and
+    updated by the commit, the table's version and txn version afterwards, the batch's bounds
+    and ops, and how far the table still lags the sequenced outbox."""
+    tenant_id = result.tenant_id
+    # Refusals recorded by an earlier run of the same batch count too: a replay reuses them.
+    refused = len(deadletter.refused_seqs(conn, tenant_id, result.batch_start, result.batch_end))
+    # Where every table stands after the run (the run has just refreshed this cache).
+    frontier = {
+        name: (txn, version)
+        for name, txn, version in conn.execute(
+            "SELECT table_name, txn_version, table_version FROM oml.lake_frontier"
+            " WHERE tenant_id = %s",
+            (tenant_id,),
+        )
+    }
+    found: dict[AssetKey, dict] = {}
+    for key, spec in TABLE_OF.items():
+        outcomes = [t for t in result.tables if _table_of(t.table) == spec.name]
+        tables = {n: state for n, state in frontier.items() if _table_of(n) == spec.name}
+        meta: dict = {
+            "rows_written": sum(t.rows for t in outcomes),
+            "rows_added": 0,
+            "rows_updated": 0,
+            "batch_start": result.batch_start,
+            "batch_end": result.batch_end,
+            "ops_in_batch": result.ops,
+            "ops_applied": max(result.ops - refused, 0),
+            "ops_dead_lettered": refused,
+            "commit_attempts": sum(t.attempts for t in outcomes),
+            "action": _action(outcomes),
+        }
+        for t in outcomes:
+            if t.action == "committed" and t.version is not None:
+                added, updated = _commit_counts(lake, tenant_id, spec, t)
+                meta["rows_added"] += added
+                meta["rows_updated"] += updated
+        if tables:
+            txn = min(t for t, _ in tables.values())
+            meta["txn_version"] = txn
+            meta["lag_ops"], lag_seconds = lag(conn, tenant_id, txn)
+            meta["lag_seconds"] = float(lag_seconds)
+        if spec is GOLD_CURATED:
+            meta["curated_tables"] = len(tables)
+            meta["table_versions"] = MetadataValue.json(
+                {name.split("/", 1)[1]: version for name, (_, version) in sorted(tables.items())}
+            )
+        elif tables.get(spec.name, (None, None))[1] is not None:
+            meta["table_version"] = tables[spec.name][1]
+            meta["table_uri"] = MetadataValue.path(lake.table_uri(tenant_id, spec))
+        found[key] = meta
+    return found
+
+
+def _table_of(name: str) -> str:
+    """The spec name of a table name (`gold.curated/<workarea>` → `gold.curated`)."""
+    return name.split("/", 1)[0]
+
+
+def _action(outcomes: list[TableOutcome]) -> str:
+    if not outcomes:
+        return "nothing pending"
+    actions = sorted({t.action for t in outcomes})
+    return "+".join(actions)
+
+
+def _commit_counts(
+    lake: Lake, tenant_id: str, spec: TableSpec, outcome: TableOutcome
+) -> tuple[int, int]:
+    """(rows inserted, rows updated) by the outcome's commit, from its Delta operation metrics."""
+    workarea_id = outcome.table.partition("/")[2] or None
+    table = lake.open(lake.table_uri(tenant_id, spec, workarea_id), outcome.version)
+    history = table.history(limit=1) if table is not None else []
+    metrics = (history[0].get("operationMetrics") or {}) if history else {}
+    if "num_target_rows_inserted" in metrics:  # a MERGE
+        inserted = int(metrics["num_target_rows_inserted"])
+        return inserted, int(metrics.get("num_target_rows_updated", 0))
+    return int(metrics.get("num_added_rows", outcome.rows)), 0
+
+
+def _summary(result: BatchResult, metadata: dict[AssetKey, dict]) -> str:
+    tables = ", ".join(f"{t.table} {t.action} {t.rows}" for t in result.tables)
+    lag_ops = max((m.get("lag_ops", 0) for m in metadata.values()), default=0)
+    return (
+        f"tenant {result.tenant_id} batch ({result.batch_start}, {result.batch_end}]: "
+        f"{result.ops} ops; {tables or 'nothing pending'}; lag {lag_ops} ops"
+    )
+
+
+@multi_asset(
+    name="lake_writer",
+    specs=LAKE_SPECS,
+    partitions_def=tenant_partitions,
+    can_subset=False,
+    description="One batch of the tenant's sequenced ops, folded into every lake table.",
+)
+def lake_tables(
+    context: AssetExecutionContext,
+    postgres: PostgresResource,
+    lake: LakeResource,
+    writer: WriterResource,
+) -> Iterator[MaterializeResult]:
+    tenant_id = context.partition_key
+    store = lake.get_lake()
+    with postgres.connect() as conn:
+        result = drain_tenant(conn, store, tenant_id, writer.config())
+        metadata = batch_metadata(conn, store, result)
+    context.log.info(_summary(result, metadata))
+    for key in TABLE_OF:
+        yield MaterializeResult(asset_key=key, metadata=metadata[key])

@@ -1,0 +1,130 @@
+"""`outbox_sensor`: each tick runs the sequencer's stable-prefix cut, adds a partition for every
+new tenant, and requests one lake-writer run per tenant with sequenced ops not yet drained.
+
+A tick's cost does not grow with a per-tenant loop of queries: one cut, one aggregate query over
+the sequencer and the frontier cache, one read of the instance's partitions and one of its
+in-flight lake-writer runs, whatever the tenant count.
+"""
+
+from dagster import (
+    AssetMaterialization,
+    AssetObservation,
+    DagsterInstance,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    SensorEvaluationContext,
+    SensorResult,
+    sensor,
+)
+
+from oml_dagster.lake import sequencer
+
+from .assets import OUTBOX
+from .jobs import LAKE_ASSET_KEYS, lake_writer_job
+from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
+from .resources import PostgresResource, settings
+
+PARTITION_TAG = "dagster/partition"
+IN_FLIGHT = [
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
+
+
+def run_key(tenant_id: str, drained_through: int, last_seq: int) -> str:
+    """A batch as the sensor sees it: the tenant, what the lake holds and what is sequenced.
+
+    The drained end is part of the key so a backlog longer than one run's batch gets its next
+    run on the next tick, while the same batch is never requested twice."""
+    return f"{tenant_id}:{drained_through}:{last_seq}"
+
+
+def tenants_in_flight(instance: DagsterInstance) -> set[str]:
+    """Tenants with a lake-writer run queued or running, from one query of the run storage."""
+    runs = instance.get_runs(RunsFilter(job_name=lake_writer_job.name, statuses=IN_FLIGHT))
+    return {run.tags[PARTITION_TAG] for run in runs if PARTITION_TAG in run.tags}
+
+
+@sensor(
+    name="outbox_sensor",
+    job=lake_writer_job,
+    minimum_interval_seconds=settings.sensor_interval_seconds,
+    default_status=DefaultSensorStatus.RUNNING
+    if settings.autostart
+    else DefaultSensorStatus.STOPPED,
+    description=(
+        "Sequences the outbox, adds new tenants as partitions and requests one lake-writer run "
+        "per tenant with pending ops."
+    ),
+)
+def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) -> SensorResult:
+    with postgres.connect() as conn:
+        cut = sequencer.sequence(conn)
+        pending = sequencer.pending_tenants(conn)
+
+    known = set(context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME))
+    new = sorted(({t for t, _, _ in pending} | set(cut.tenants)) - known)
+    partitions = known | set(new)
+
+    busy = tenants_in_flight(context.instance)
+    requests = [
+        RunRequest(
+            run_key=run_key(tenant_id, drained, last_seq),
+            partition_key=tenant_id,
+            asset_selection=LAKE_ASSET_KEYS,
+            asset_check_keys=[],
+            tags={"oml/drained_through": str(drained), "oml/last_seq": str(last_seq)},
+        )
+        for tenant_id, last_seq, drained in pending
+        if tenant_id not in busy
+    ]
+
+    events: list[AssetMaterialization | AssetObservation] = [
+        AssetMaterialization(
+            asset_key=OUTBOX,
+            partition=c.tenant_id,
+            description="rows sequenced by the outbox sensor",
+            metadata={
+                "rows_sequenced": c.sequenced,
+                "first_seq": c.first_seq,
+                "last_seq": c.last_seq,
+                "last_journal_seq": c.last_journal_seq,
+            },
+        )
+        for c in cut.tenants.values()
+    ]
+    for gap in cut.gaps:
+        context.log.warning(
+            f"tenant {gap.tenant_id}: {gap.waiting_rows} rows wait behind journal_seq "
+            f"{gap.missing_journal_seq} for {gap.age_seconds:.0f}s"
+        )
+        if gap.tenant_id in partitions:
+            events.append(
+                AssetObservation(
+                    asset_key=OUTBOX,
+                    partition=gap.tenant_id,
+                    metadata={
+                        "rows_waiting_behind_gap": gap.waiting_rows,
+                        "missing_journal_seq": gap.missing_journal_seq,
+                        "gap_age_seconds": gap.age_seconds,
+                    },
+                )
+            )
+
+    waiting = len(pending) - len(requests)
+    context.log.info(
+        f"sequenced {cut.sequenced} rows for {len(cut.tenants)} tenants; {len(new)} new tenants; "
+        f"{len(requests)} runs requested; {waiting} tenants pending behind an in-flight run"
+    )
+    if not requests and not new and not events:
+        return SensorResult(skip_reason="no pending ops")
+    return SensorResult(
+        run_requests=requests,
+        dynamic_partitions_requests=[tenant_partitions.build_add_request(new)] if new else [],
+        asset_events=events,
+    )
