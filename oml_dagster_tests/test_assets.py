@@ -1,0 +1,172 @@
+"""Materializing the lake assets for a tenant partition, in process, lands the same tables as the
+core's own drain, and reports each table's commit in numbers."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import AssetKey, instance_for_test
+
+from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+from oml_dagster.lake import sequencer
+from oml_dagster.lake.drain import drain
+from oml_dagster.lake.storage import Lake
+from oml_dagster.simulate import acts
+
+from .dagster_support import lake_snapshot, more_acts, seed_tenant, table_versions
+
+LAKE_KEYS = ["bronze/events", "silver/claims", "gold/lineage", "gold/areas", "gold/curated"]
+NUMERIC = [
+    "rows_written",
+    "rows_added",
+    "rows_updated",
+    "batch_start",
+    "batch_end",
+    "ops_in_batch",
+    "ops_applied",
+    "ops_dead_lettered",
+    "lag_ops",
+    "lag_seconds",
+    "txn_version",
+]
+
+
+@pytest.fixture(scope="module")
+def defs():
+    from oml_dagster.definitions import defs
+
+    return defs
+
+
+@pytest.fixture
+def instance():
+    with instance_for_test() as instance:
+        yield instance
+
+
+def materialize(defs, instance, tenant_id: str) -> dict[str, dict]:
+    """Run lake_writer_job for the tenant; its materializations as key → metadata values."""
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [tenant_id])
+    result = defs.resolve_job_def("lake_writer_job").execute_in_process(
+        partition_key=tenant_id, instance=instance
+    )
+    assert result.success
+    found = {}
+    for event in result.get_asset_materialization_events():
+        m = event.event_specific_data.materialization
+        assert m.partition == tenant_id
+        found[m.asset_key.to_user_string()] = {k: v.value for k, v in m.metadata.items()}
+    assert sorted(found) == sorted(LAKE_KEYS)
+    return found
+
+
+def test_a_run_lands_the_same_tables_as_the_core_drain(conn, lake, tmp_path, defs, instance):
+    work = seed_tenant(conn)
+    sequencer.sequence(conn)
+    reference = Lake(str(tmp_path / "reference"))
+    drain(conn, reference, [work.tenant_id], until_idle=True)
+
+    meta = materialize(defs, instance, work.tenant_id)
+
+    expected = lake_snapshot(reference, work.tenant_id)
+    assert set(expected) == {
+        "bronze.events",
+        "silver.claims",
+        "gold.lineage",
+        "gold.areas",
+        f"gold.curated/{work.areas[1]}",
+    }
+    assert lake_snapshot(lake, work.tenant_id) == expected
+    assert table_versions(lake, work.tenant_id) == table_versions(reference, work.tenant_id)
+
+    last_seq = conn.execute("SELECT max(seq) FROM oml.outbox").fetchone()[0]
+    for key in LAKE_KEYS:
+        m = meta[key]
+        for name in NUMERIC:
+            assert isinstance(m[name], int | float), (key, name)
+        assert (m["batch_start"], m["batch_end"], m["txn_version"]) == (0, last_seq, last_seq)
+        assert m["ops_in_batch"] == last_seq  # one tenant: every seq is its own
+        assert m["ops_dead_lettered"] == work.bad_ops == 1
+        assert m["ops_applied"] == last_seq - 1
+        assert (m["lag_ops"], m["lag_seconds"]) == (0, 0.0)
+        assert m["action"] == "committed"
+    rows = {key: (m["rows_added"], m["rows_updated"]) for key, m in meta.items()}
+    assert rows == {
+        "bronze/events": (12, 0),  # one journal event per act, the refused one's included
+        "silver/claims": (4, 0),
+        "gold/lineage": (1, 0),
+        "gold/areas": (2, 0),
+        "gold/curated": (2, 0),
+    }
+    assert meta["silver/claims"]["table_version"] == 0
+    assert meta["gold/curated"]["curated_tables"] == 1
+    assert meta["gold/curated"]["table_versions"] == {work.areas[1]: 0}
+
+
+def test_the_next_batch_reports_updates_versions_and_lag(conn, lake, defs, instance, monkeypatch):
+    work = seed_tenant(conn, bad=False)
+    sequencer.sequence(conn)
+    first = materialize(defs, instance, work.tenant_id)
+    batch_end = first["bronze/events"]["batch_end"]
+
+    more_acts(conn, work, 3)
+    acts.demote(conn, work.keys, work.claims[0])  # in the validated area: silver and curated
+    sequencer.sequence(conn)
+    second = materialize(defs, instance, work.tenant_id)
+
+    silver, curated, bronze = (
+        second["silver/claims"],
+        second["gold/curated"],
+        second["bronze/events"],
+    )
+    assert silver["batch_start"] == batch_end
+    assert (silver["rows_added"], silver["rows_updated"], silver["table_version"]) == (3, 1, 1)
+    assert (curated["rows_added"], curated["rows_updated"]) == (0, 1)
+    assert (bronze["rows_added"], bronze["table_version"]) == (4, 1)
+    # Tables the batch does not touch commit nothing and keep their txn version.
+    assert second["gold/lineage"]["action"] == "unchanged"
+    assert second["gold/lineage"]["rows_written"] == 0
+    assert second["gold/lineage"]["table_version"] == 0
+
+    # Nothing new: the run still reports every table, at the same place, writing nothing.
+    idle = materialize(defs, instance, work.tenant_id)
+    assert {m["action"] for m in idle.values()} <= {"skipped", "unchanged", "nothing pending"}
+    assert {m["rows_written"] for m in idle.values()} == {0}
+    assert idle["silver/claims"]["table_version"] == 1
+    assert idle["silver/claims"]["txn_version"] == silver["txn_version"]
+
+    # A batch smaller than the backlog leaves lag, in ops and in seconds.
+    more_acts(conn, work, 10)
+    sequencer.sequence(conn)
+    monkeypatch.setenv("OML_MAX_BATCH", "6")
+    partial = materialize(defs, instance, work.tenant_id)
+    assert partial["bronze/events"]["ops_in_batch"] == 6
+    # The batch starts where the least advanced table (lineage, untouched) stands, so its ops
+    # are older than bronze's txn: bronze skips it and still lags by the 20 new ops.
+    assert partial["bronze/events"]["action"] == "skipped"
+    assert partial["bronze/events"]["lag_ops"] == 20
+    assert partial["bronze/events"]["lag_seconds"] > 0
+
+
+def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):
+    work = seed_tenant(conn)
+    sequencer.sequence(conn)
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [work.tenant_id])
+    job = defs.resolve_job_def("lake_writer_job")
+    # A backfill or a UI run: drain, then check.
+    result = job.execute_in_process(partition_key=work.tenant_id, instance=instance)
+    evaluations = result.get_asset_check_evaluations()
+    assert len(evaluations) == 8
+    assert all(e.passed for e in evaluations), [(e.check_name, e.metadata) for e in evaluations]
+    assert {e.partition for e in evaluations} == {work.tenant_id}
+    by_name = {(e.asset_key.to_user_string(), e.check_name): e for e in evaluations}
+    assert (
+        by_name[("silver/claims", "erased_rows_carry_no_body")].metadata["erased_rows"].value == 1
+    )
+    assert by_name[("bronze/events", "tenant_id_matches_partition")].metadata[
+        "rows_checked"
+    ].value == (12)
+    record = instance.event_log_storage.get_asset_check_execution_history(
+        evaluations[0].asset_check_key, limit=1
+    )[0]
+    assert record.partition == work.tenant_id
+    assert AssetKey(["silver", "claims"]) in {e.asset_key for e in evaluations}

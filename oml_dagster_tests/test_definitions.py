@@ -1,0 +1,200 @@
+"""The code location loads, and its shape is pinned: asset keys, groups, dependencies,
+partitions, checks, jobs, sensors, schedules, and the instance and workspace files."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+
+import pytest
+import yaml
+from dagster import (
+    AssetKey,
+    DefaultSensorStatus,
+    DynamicPartitionsDefinition,
+    build_schedule_context,
+    instance_for_test,
+)
+
+from oml_dagster.defs import maintenance
+from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+
+from .dagster_support import BIN, REPO, subprocess_env
+
+TICK = dt.datetime(2026, 1, 1, 4, tzinfo=dt.UTC)
+
+
+def key(path: str) -> AssetKey:
+    return AssetKey(path.split("/"))
+
+
+EXPECTED_ASSETS = {
+    # key: (group, upstream keys)
+    "postgres/outbox": ("postgres", set()),
+    "bronze/events": ("bronze", {"postgres/outbox"}),
+    "silver/claims": ("silver", {"postgres/outbox"}),
+    "gold/lineage": ("gold", {"silver/claims"}),
+    "gold/areas": ("gold", {"bronze/events"}),
+    "gold/curated": ("gold", {"silver/claims", "gold/areas"}),
+}
+LAKE_ASSETS = set(EXPECTED_ASSETS) - {"postgres/outbox"}
+EXPECTED_CHECKS = {
+    ("bronze/events", "tenant_id_matches_partition"),
+    ("silver/claims", "tenant_id_matches_partition"),
+    ("gold/lineage", "tenant_id_matches_partition"),
+    ("gold/areas", "tenant_id_matches_partition"),
+    ("gold/curated", "tenant_id_matches_partition"),
+    ("silver/claims", "erased_rows_carry_no_body"),
+    ("gold/curated", "erased_rows_carry_no_body"),
+    ("gold/curated", "curated_agrees_with_silver"),
+}
+
+
+@pytest.fixture(scope="module")
+def defs():
+    from oml_dagster.definitions import defs
+
+    return defs
+
+
+@pytest.fixture(scope="module")
+def repo(defs):
+    return defs.get_repository_def()
+
+
+def test_asset_graph_is_pinned(repo):
+    graph = repo.asset_graph
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(EXPECTED_ASSETS)
+    for path, (group, upstream) in EXPECTED_ASSETS.items():
+        node = graph.get(key(path))
+        assert node.group_name == group, path
+        assert {p.to_user_string() for p in node.parent_keys} == upstream, path
+        assert isinstance(node.partitions_def, DynamicPartitionsDefinition), path
+        assert node.partitions_def.name == TENANT_PARTITIONS_NAME, path
+    # The outbox is external (observed, never materialized by this code location); the five
+    # lake tables are one multi-asset, written by one step.
+    assert not graph.get(key("postgres/outbox")).is_executable
+    lake_nodes = {graph.get(key(p)) for p in LAKE_ASSETS}
+    assert all(n.is_executable for n in lake_nodes)
+    assert len({id(graph.get(key(p)).assets_def) for p in LAKE_ASSETS}) == 1
+    assert TENANT_PARTITIONS_NAME == "oml_lake_tenants"
+
+
+def test_asset_checks_are_pinned_and_partitioned(repo):
+    graph = repo.asset_graph
+    found = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}
+    assert found == EXPECTED_CHECKS
+    for check_key in graph.asset_check_keys:
+        partitions_def = graph.get(check_key).partitions_def
+        assert partitions_def is not None and partitions_def.name == TENANT_PARTITIONS_NAME
+
+
+def test_jobs_are_pinned(repo):
+    names = {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")}
+    expected = {"lake_writer_job", *(j.name for j in maintenance.MAINTENANCE_JOBS)}
+    assert names == expected
+    job = repo.get_job("lake_writer_job")
+    assert job.executor_def.name == "in_process"
+    assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} == LAKE_ASSETS
+    assert job.partitions_def.name == TENANT_PARTITIONS_NAME
+    # Every tenant-touching job is tenant-partitioned, so the per-tenant run limit holds for it.
+    for j in repo.get_all_jobs():
+        if not j.name.startswith("__"):
+            assert j.partitions_def is not None, j.name
+            assert j.partitions_def.name == TENANT_PARTITIONS_NAME, j.name
+
+
+def test_sensors_and_schedules_are_pinned(repo):
+    sensors = {s.name: s for s in repo.sensor_defs}
+    assert set(sensors) == {"outbox_sensor"}
+    sensor = sensors["outbox_sensor"]
+    assert sensor.job_name == "lake_writer_job"
+    assert sensor.minimum_interval_seconds == 30
+    assert sensor.default_status == DefaultSensorStatus.STOPPED
+    schedules = {s.name for s in repo.schedule_defs}
+    assert schedules == {"reconcile_schedule", *(s.name for s in maintenance.MAINTENANCE_SCHEDULES)}
+    assert repo.get_schedule_def("reconcile_schedule").job_name == "lake_writer_job"
+
+
+def test_automation_settings_come_from_the_environment():
+    probe = (
+        "from oml_dagster.definitions import defs\n"
+        "r = defs.get_repository_def()\n"
+        "s = r.get_sensor_def('outbox_sensor')\n"
+        "c = r.get_schedule_def('reconcile_schedule')\n"
+        "print(s.minimum_interval_seconds, s.default_status.value, c.default_status.value,"
+        " c.cron_schedule)"
+    )
+    env = subprocess_env(
+        OML_SENSOR_INTERVAL_SECONDS="5",
+        OML_DAGSTER_AUTOSTART="1",
+        OML_RECONCILE_CRON="*/10 * * * *",
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", probe],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["5", "RUNNING", "RUNNING", "*/10", "*", "*", "*", "*"]
+
+
+def test_reconcile_schedule_requests_checks_only_per_tenant(defs, repo):
+    schedule = repo.get_schedule_def("reconcile_schedule")
+    with instance_for_test() as instance:
+        context = build_schedule_context(
+            instance=instance, repository_def=repo, scheduled_execution_time=TICK
+        )
+        assert schedule.evaluate_tick(context).skip_message
+        instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, ["t1", "t2"])
+        context = build_schedule_context(
+            instance=instance, repository_def=repo, scheduled_execution_time=TICK
+        )
+        requests = schedule.evaluate_tick(context).run_requests
+    assert sorted(r.partition_key for r in requests) == ["t1", "t2"]
+    for request in requests:
+        assert list(request.asset_selection) == []
+        assert {(k.asset_key.to_user_string(), k.name) for k in request.asset_check_keys} == (
+            EXPECTED_CHECKS
+        )
+
+
+def test_instance_file_sets_the_lease():
+    config = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    db = config["storage"]["postgres"]["postgres_db"]
+    assert db["scheme"] == "postgresql+psycopg2"
+    assert {db[k]["env"] for k in ("hostname", "port", "username", "password", "db_name")} == {
+        "DAGSTER_PG_HOST",
+        "DAGSTER_PG_PORT",
+        "DAGSTER_PG_USER",
+        "DAGSTER_PG_PASSWORD",
+        "DAGSTER_PG_DB",
+    }
+    assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
+    runs = config["concurrency"]["runs"]
+    assert isinstance(runs["max_concurrent_runs"], int)
+    assert runs["tag_concurrency_limits"] == [
+        {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+    ]
+    # The run coordinator's own limits would conflict with (and be refused next to) this block.
+    assert "max_concurrent_runs" not in config["run_coordinator"].get("config", {})
+    assert "tag_concurrency_limits" not in config["run_coordinator"].get("config", {})
+
+
+def test_workspace_loads_with_the_dagster_cli(tmp_path):
+    workspace = yaml.safe_load((REPO / "workspace.yaml").read_text())
+    assert workspace["load_from"][0]["python_module"]["module_name"] == "oml_dagster.definitions"
+    done = subprocess.run(
+        [str(BIN / "dagster"), "definitions", "validate", "-w", str(REPO / "workspace.yaml")],
+        cwd=REPO,
+        env=subprocess_env(DAGSTER_HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "oml_lake" in done.stdout + done.stderr

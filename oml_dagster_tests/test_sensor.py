@@ -1,0 +1,183 @@
+"""`outbox_sensor` ticks against a real database and a real (temporary) Dagster instance:
+tenants become partitions, one run per tenant with pending work, none for idle or busy tenants,
+none twice for the same batch."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import (
+    AssetKey,
+    DagsterRunStatus,
+    build_sensor_context,
+    instance_for_test,
+)
+from dagster._core.remote_origin import (
+    ManagedGrpcPythonEnvCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster._core.test_utils import create_run_for_test
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+from oml_dagster.defs.resources import build_resources
+from oml_dagster.lake import sequencer
+from oml_dagster.lake.writer import WriterConfig, drain_tenant
+from oml_dagster.simulate import producer
+
+from .dagster_support import more_acts, seed_tenant
+
+OUTBOX = AssetKey(["postgres", "outbox"])
+
+
+@pytest.fixture(scope="module")
+def defs():
+    from oml_dagster.definitions import defs
+
+    return defs
+
+
+@pytest.fixture
+def instance():
+    with instance_for_test() as instance:
+        yield instance
+
+
+def tick(defs, instance):
+    """One sensor evaluation, with its partition requests applied as the daemon applies them."""
+    sensor = defs.get_sensor_def("outbox_sensor")
+    context = build_sensor_context(
+        instance_ref=instance.get_ref(), definitions=defs, resources=build_resources()
+    )
+    data = sensor.evaluate_tick(context)
+    for request in data.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return data
+
+
+def requested(data) -> dict[str, str]:
+    """partition → run key; fails if a tick asks twice for one tenant."""
+    keys = [r.partition_key for r in data.run_requests]
+    assert len(keys) == len(set(keys)), keys
+    return {r.partition_key: r.run_key for r in data.run_requests}
+
+
+def add_run(instance, tenant_id: str, status: DagsterRunStatus, job: str = "lake_writer_job"):
+    origin = RemoteJobOrigin(
+        RemoteRepositoryOrigin(
+            ManagedGrpcPythonEnvCodeLocationOrigin(
+                LoadableTargetOrigin(module_name="oml_dagster.definitions"), "oml_lake"
+            ),
+            "__repository__",
+        ),
+        job,
+    )
+    return create_run_for_test(
+        instance,
+        job_name=job,
+        status=status,
+        tags={"dagster/partition": tenant_id},
+        remote_job_origin=origin,
+    )
+
+
+def test_new_tenants_become_partitions_and_get_one_run_each(conn, lake, defs, instance):
+    a, b = seed_tenant(conn), seed_tenant(conn)
+    idle = producer.create_tenant(conn)  # a tenant with no acts: no partition, no run
+
+    data = tick(defs, instance)
+
+    assert set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)) == {
+        a.tenant_id,
+        b.tenant_id,
+    }
+    runs = requested(data)
+    assert set(runs) == {a.tenant_id, b.tenant_id}
+    assert idle.tenant_id not in runs
+    last = {t: last_seq for t, last_seq, _ in sequencer.pending_tenants(conn)}
+    assert runs[a.tenant_id] == f"{a.tenant_id}:0:{last[a.tenant_id]}"
+    for request in data.run_requests:
+        # The sensor's runs drain only; the checks run on their own schedule.
+        assert set(request.asset_selection) == {
+            AssetKey(p.split("/"))
+            for p in (
+                "bronze/events",
+                "silver/claims",
+                "gold/lineage",
+                "gold/areas",
+                "gold/curated",
+            )
+        }
+        assert list(request.asset_check_keys) == []
+        assert request.tags["dagster/partition"] == request.partition_key
+    # The outbox reports each tenant's newly sequenced rows.
+    reported = {e.partition: e for e in data.asset_events if e.asset_key == OUTBOX}
+    assert set(reported) == {a.tenant_id, b.tenant_id}
+    assert reported[a.tenant_id].metadata["last_seq"].value == last[a.tenant_id]
+
+    # A second tick with nothing new: the tenants are known, the runs asked again carry the same
+    # keys (so Dagster launches each batch once), and nothing is sequenced anew.
+    again = tick(defs, instance)
+    assert requested(again) == runs
+    assert not again.dynamic_partitions_requests
+    assert not [e for e in again.asset_events if e.asset_key == OUTBOX]
+
+
+def test_no_run_for_a_tenant_with_a_queued_or_running_lake_writer_run(conn, lake, defs, instance):
+    queued, running, finished, free = (seed_tenant(conn) for _ in range(4))
+    add_run(instance, queued.tenant_id, DagsterRunStatus.QUEUED)
+    add_run(instance, running.tenant_id, DagsterRunStatus.STARTED)
+    add_run(instance, finished.tenant_id, DagsterRunStatus.SUCCESS)
+    # Another job's run for the free tenant does not hold the writer back (the queue serializes).
+    add_run(instance, free.tenant_id, DagsterRunStatus.STARTED, job="some_maintenance_job")
+
+    runs = requested(tick(defs, instance))
+
+    assert set(runs) == {finished.tenant_id, free.tenant_id}
+    # Every tenant with work became a partition, busy or not.
+    assert set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)) == {
+        w.tenant_id for w in (queued, running, finished, free)
+    }
+
+
+def test_idle_and_drained_tenants_get_no_run_and_each_batch_one_key(conn, lake, defs, instance):
+    a = seed_tenant(conn)
+    first = requested(tick(defs, instance))[a.tenant_id]
+
+    # Drained (here by the core itself, as a run would): the tenant is idle, nothing requested.
+    drain_tenant(conn, lake, a.tenant_id)
+    data = tick(defs, instance)
+    assert requested(data) == {}
+    assert data.skip_message
+
+    # New acts: a new batch, a new key.
+    more_acts(conn, a, 30)
+    second = requested(tick(defs, instance))[a.tenant_id]
+    assert second != first
+
+    # A backlog longer than one run's batch: the run takes part of it, and the next tick asks for
+    # the rest under a key of its own.
+    drain_tenant(conn, lake, a.tenant_id, WriterConfig(max_batch=10, txn_lag_limit=5))
+    third = requested(tick(defs, instance))[a.tenant_id]
+    assert third not in (first, second)
+    assert requested(tick(defs, instance))[a.tenant_id] == third
+
+
+def test_a_gap_is_reported_on_the_outbox_and_the_run_waits_for_nothing(conn, lake, defs, instance):
+    a = seed_tenant(conn)
+    tick(defs, instance)
+    last_journal = conn.execute(
+        "SELECT last_journal_seq FROM oml.sequencer_tenant WHERE tenant_id = %s", (a.tenant_id,)
+    ).fetchone()[0]
+    # A row two positions ahead: the act in between is not visible yet.
+    conn.execute(
+        "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload) VALUES (%s, %s, %s, '{}')",
+        (a.tenant_id, last_journal + 2, "journal.event"),
+    )
+
+    data = tick(defs, instance)
+
+    gaps = [e for e in data.asset_events if e.asset_key == OUTBOX]
+    assert len(gaps) == 1 and gaps[0].partition == a.tenant_id
+    assert gaps[0].metadata["missing_journal_seq"].value == last_journal + 1
+    assert gaps[0].metadata["rows_waiting_behind_gap"].value == 1
