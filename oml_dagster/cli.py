@@ -8,7 +8,7 @@ import getpass
 import json
 import sys
 
-from .lake import db, deadletter, sequencer
+from .lake import db, deadletter, maintenance_cli, sequencer
 from .lake.drain import DrainPass, drain
 from .lake.errors import LakeError
 from .lake.storage import Lake
@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     rq.add_argument("--by", default=getpass.getuser(), help="who re-enqueues (recorded)")
     rq.add_argument("--payload", help="a corrected payload (JSON); default: the stored one")
     rq.set_defaults(func=cmd_deadletter_requeue)
+    maintenance_cli.register(sub)
     return parser
 
 

@@ -1,4 +1,236 @@
-"""Maintenance jobs and schedules (filled in by the maintenance work; empty for now)."""
+"""Maintenance jobs and their schedules: a thin layer over `oml_dagster.lake.maintenance`.
 
-MAINTENANCE_JOBS: list = []
-MAINTENANCE_SCHEDULES: list = []
+Every job is partitioned by tenant (`tenant_partitions`), so each run carries the
+`dagster/partition` tag that the run queue's per-tenant limit keys on: maintenance of a tenant
+never runs next to that tenant's lake-writer run. Each schedule requests one run per tenant
+partition. Cron and timezone come from the environment:
+
+- OML_COMPACT_CRON (default "0 2 * * *"): bin-pack OPTIMIZE of every table, daily.
+- OML_ZORDER_CRON (default "0 3 * * 0"): Z-order OPTIMIZE, weekly on Sunday.
+- OML_VACUUM_CRON (default "0 4 * * *"): checkpoint, VACUUM and log cleanup, daily.
+- OML_MAINTENANCE_TZ (default "UTC"): the schedules' timezone.
+- OML_DAGSTER_AUTOSTART=1: schedules start RUNNING instead of STOPPED.
+"""
+
+import datetime as dt
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dagster import (
+    Config,
+    DefaultScheduleStatus,
+    In,
+    JobDefinition,
+    MetadataValue,
+    Nothing,
+    OpExecutionContext,
+    RunRequest,
+    ScheduleDefinition,
+    ScheduleEvaluationContext,
+    SkipReason,
+    in_process_executor,
+    job,
+    op,
+)
+
+from oml_dagster.lake import maintenance
+from oml_dagster.lake.maintenance import MaintenanceResult
+
+from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
+from .resources import LakeResource, PostgresResource
+
+
+class OptimizeConfig(Config):
+    """Target file size of OPTIMIZE in bytes; unset: the table's `delta.targetFileSize`, else
+    delta-rs's default."""
+
+    target_size: int | None = None
+
+
+def _report(context: OpExecutionContext, operation: str, results: list[MaintenanceResult]) -> None:
+    """Log one line per table and attach the run's numbers to the op's output."""
+    for result in results:
+        context.log.info(f"tenant {result.tenant_id} {result.describe()}")
+    sums = maintenance.totals(results)
+    rows = [
+        "| table | step | action | files before | files after | removed | bytes removed "
+        "| version | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        rows.append(
+            f"| {r.table} | {r.operation} | {r.action} | {r.files_before} | {r.files_after} "
+            f"| {r.files_removed} | {r.bytes_removed} | {r.version_before} → {r.version_after} "
+            f"| {r.duration_seconds:.2f} |"
+        )
+    metadata: dict = {
+        "operation": operation,
+        "tables": sums["tables"],
+        "changed": sums["changed"],
+        "files_before": sums["files_before"],
+        "files_after": sums["files_after"],
+        "files_removed": sums["files_removed"],
+        "files_added": sums["files_added"],
+        "bytes_removed": sums["bytes_removed"],
+        "log_files_removed": sums["log_files_removed"],
+        "commits": sums["commits"],
+        "duration_seconds": MetadataValue.float(float(sums["duration_seconds"])),
+        "versions": MetadataValue.json(
+            {f"{r.table} {r.operation}": [r.version_before, r.version_after] for r in results}
+        ),
+        "tables_detail": MetadataValue.md("\n".join(rows)),
+    }
+    context.add_output_metadata(metadata)
+
+
+def _run(
+    context: OpExecutionContext,
+    postgres: PostgresResource,
+    lake: LakeResource,
+    operation: str,
+    target_size: int | None = None,
+) -> None:
+    tenant_id = context.partition_key
+    with postgres.connect() as conn:
+        results = maintenance.run_operation(
+            conn, lake.get_lake(), tenant_id, operation, target_size=target_size
+        )
+    _report(context, operation, results)
+
+
+@op(description="Bin-pack OPTIMIZE of every table of the tenant (bronze per day partition).")
+def compact_tables(
+    context: OpExecutionContext,
+    config: OptimizeConfig,
+    postgres: PostgresResource,
+    lake: LakeResource,
+) -> None:
+    _run(context, postgres, lake, maintenance.COMPACT, config.target_size)
+
+
+@op(
+    description="Z-order OPTIMIZE: silver and curated on (workarea_id, artifact_id), lineage on src_id."
+)
+def zorder_tables(
+    context: OpExecutionContext,
+    config: OptimizeConfig,
+    postgres: PostgresResource,
+    lake: LakeResource,
+) -> None:
+    _run(context, postgres, lake, maintenance.ZORDER, config.target_size)
+
+
+@op(description="Checkpoint tables 100+ versions behind, or with expired commits after the last.")
+def checkpoint_tables(
+    context: OpExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> None:
+    _run(context, postgres, lake, maintenance.CHECKPOINT)
+
+
+@op(
+    ins={"after": In(Nothing)},
+    description="Retention properties = the tenant's erasure bound; full-listing VACUUM.",
+)
+def vacuum_tables(
+    context: OpExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> None:
+    _run(context, postgres, lake, maintenance.VACUUM)
+
+
+@op(
+    ins={"after": In(Nothing)},
+    description="Expire log entries and checkpoints older than the bound; verify the table reads.",
+)
+def cleanup_logs(
+    context: OpExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> None:
+    _run(context, postgres, lake, maintenance.LOG_CLEANUP)
+
+
+@job(
+    partitions_def=tenant_partitions,
+    executor_def=in_process_executor,
+    description="Daily bin-pack OPTIMIZE of one tenant's tables.",
+)
+def compact_job():
+    compact_tables()
+
+
+@job(
+    partitions_def=tenant_partitions,
+    executor_def=in_process_executor,
+    description="Weekly Z-order OPTIMIZE of one tenant's silver, curated and lineage tables.",
+)
+def zorder_job():
+    zorder_tables()
+
+
+@job(
+    partitions_def=tenant_partitions,
+    executor_def=in_process_executor,
+    description="Daily checkpoint, VACUUM and log cleanup of one tenant's tables, with retention "
+    "= the tenant's lake erasure bound.",
+)
+def vacuum_job():
+    cleanup_logs(after=vacuum_tables(after=checkpoint_tables()))
+
+
+@dataclass(frozen=True)
+class MaintenanceSchedules:
+    """When the maintenance jobs run, from the environment (see the module docstring)."""
+
+    compact_cron: str = "0 2 * * *"
+    zorder_cron: str = "0 3 * * 0"
+    vacuum_cron: str = "0 4 * * *"
+    timezone: str = "UTC"
+    autostart: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "MaintenanceSchedules":
+        default = cls()
+        return cls(
+            compact_cron=env.get("OML_COMPACT_CRON") or default.compact_cron,
+            zorder_cron=env.get("OML_ZORDER_CRON") or default.zorder_cron,
+            vacuum_cron=env.get("OML_VACUUM_CRON") or default.vacuum_cron,
+            timezone=env.get("OML_MAINTENANCE_TZ") or default.timezone,
+            autostart=env.get("OML_DAGSTER_AUTOSTART", "").lower() in ("1", "true", "yes"),
+        )
+
+
+def _per_tenant(job_def: JobDefinition):
+    def evaluate(context: ScheduleEvaluationContext):
+        tenants = context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
+        if not tenants:
+            yield SkipReason("no tenant partitions yet")
+            return
+        tick = (context.scheduled_execution_time or dt.datetime.now(dt.UTC)).isoformat()
+        for t in tenants:
+            yield RunRequest(run_key=f"{job_def.name}:{t}:{tick}", partition_key=t)
+
+    return evaluate
+
+
+def build_schedules(settings: MaintenanceSchedules) -> list[ScheduleDefinition]:
+    status = DefaultScheduleStatus.RUNNING if settings.autostart else DefaultScheduleStatus.STOPPED
+    plan = (
+        ("nightly_compact_schedule", compact_job, settings.compact_cron),
+        ("weekly_zorder_schedule", zorder_job, settings.zorder_cron),
+        ("nightly_vacuum_schedule", vacuum_job, settings.vacuum_cron),
+    )
+    return [
+        ScheduleDefinition(
+            name=name,
+            job=job_def,
+            cron_schedule=cron,
+            execution_timezone=settings.timezone,
+            execution_fn=_per_tenant(job_def),
+            default_status=status,
+            description=f"One {job_def.name} run per tenant partition.",
+        )
+        for name, job_def, cron in plan
+    ]
+
+
+MAINTENANCE_JOBS: list[JobDefinition] = [compact_job, zorder_job, vacuum_job]
+MAINTENANCE_SCHEDULES: list[ScheduleDefinition] = build_schedules(MaintenanceSchedules.from_env())

@@ -4,16 +4,18 @@ OPTIMIZE, checkpoints, VACUUM and log cleanup, per tenant, over every table `ten
 What this module decides:
 - Retention is the tenant's `lake_erasure_bound` (oml.tenant_policy), applied through the table
   properties `delta.deletedFileRetentionDuration` and `delta.logRetentionDuration` (delta-rs
-  honours them to the second; `retention_hours` only takes whole hours). The properties are
-  brought back to the spec's configuration before every VACUUM and log cleanup, so a policy
-  change reaches the tables at the next run.
+  honours them to the second; `retention_hours` only takes whole hours). Every step that
+  expires anything (checkpoint, VACUUM, log cleanup) first brings the properties back to the
+  spec's configuration for the current bound, so a policy change reaches the tables at the
+  next run.
 - VACUUM always lists the whole table (`full=True`): tombstoned files and orphans left by failed
   or killed commits both go once older than the bound. Every file the log references must still
   be there afterwards, or the run fails loudly.
-- delta-rs deletes a log entry only when a checkpoint at or before the oldest version still
-  inside the bound covers it (every version inside the bound stays readable). So the checkpoint
-  step also writes a checkpoint whenever commits after the last one have already expired; it
-  runs before VACUUM, whose two commits would otherwise be the oldest unexpired versions.
+- delta-rs deletes a log entry only below a checkpoint at or before the oldest version still
+  inside the bound (every version inside the bound stays readable). So the checkpoint step also
+  writes a checkpoint whenever commits after the last one have already expired, and it runs
+  before VACUUM: a checkpoint above VACUUM's two fresh commits could release nothing until the
+  next run.
 - OPTIMIZE commits carry no app transaction (delta-rs drops them); the writer's skip rule reads
   `transaction_version`, which is the last txn recorded in the log or its checkpoint, so commits
   without one leave it where it was. Every rewrite passes the writer's Parquet settings again,
@@ -90,6 +92,9 @@ class MaintenanceResult:
     version_before: int = 0
     version_after: int = 0
     live_files: int = 0
+    # Log entries and checkpoints expired during the step: delta-rs also expires them when it
+    # writes a checkpoint or commits a VACUUM, not only in log cleanup.
+    log_files_removed: int = 0
     checkpoint_version: int | None = None
     duration_seconds: float = 0.0
     detail: str = ""
@@ -118,6 +123,8 @@ class MaintenanceResult:
                 f"{self.files_after} on storage ({self.live_files} live, "
                 f"{self.files_after - self.live_files} inside the bound)"
             )
+            if self.log_files_removed:
+                body += f"; expired {self.log_files_removed} log files"
         elif self.operation == LOG_CLEANUP:
             body = (
                 f"removed {self.files_removed} log files ({_size(self.bytes_removed)}); kept "
@@ -206,8 +213,9 @@ def _commit_properties(tenant_id: str, operation: str) -> CommitProperties:
     )
 
 
-# Maintenance commits leave log expiry to the log-cleanup step, which checks the table reads back
-# afterwards (delta-rs otherwise expires logs after any commit once a checkpoint covers them).
+# OPTIMIZE and property commits leave log expiry to the steps that check the table reads back
+# afterwards. delta-rs still expires logs on its own when it writes a checkpoint or commits a
+# VACUUM (whatever the hook settings), so every step reports the log files it saw go.
 _HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
@@ -313,7 +321,7 @@ def _optimize(t: _Table, operation: str, target_size: int | None) -> Maintenance
     )
 
 
-def sync_properties(t: _Table, bound_seconds: int) -> MaintenanceResult | None:
+def _sync_properties(t: _Table, bound_seconds: int) -> MaintenanceResult | None:
     """Bring the table's properties back to the spec's configuration for the tenant's current
     erasure bound; one commit when anything differs, nothing otherwise."""
     started = time.monotonic()
@@ -339,6 +347,21 @@ def sync_properties(t: _Table, bound_seconds: int) -> MaintenanceResult | None:
         duration_seconds=time.monotonic() - started,
         detail=detail,
     )
+
+
+def _state(table: DeltaTable) -> tuple[int, dict[str, int], int | None]:
+    return table.version(), _live(table), table.transaction_version(APP_ID)
+
+
+def _verify(t: _Table, expected: tuple, after: str) -> None:
+    """The table, opened afresh, reads the same version, files and txn as before `after`."""
+    fresh = _state(t.open())
+    if fresh != expected:
+        raise MaintenanceDamage(
+            f"{t.name} of tenant {t.tenant_id}: after {after} the table reads version "
+            f"{fresh[0]} with txn {fresh[2]} and {len(fresh[1])} files, not version "
+            f"{expected[0]}, txn {expected[2]}, {len(expected[1])} files"
+        )
 
 
 def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceResult:
@@ -374,23 +397,32 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
             duration_seconds=time.monotonic() - started,
             detail=f"{behind} versions since the last checkpoint",
         )
+    state = _state(table)
+    # delta-rs also expires log entries here, as its post-commit checkpoints do.
     table.create_checkpoint()
+    _verify(t, state, "checkpoint")
     after = _list(t.lake, t.uri)
+    removed = sorted(set(listing.log) - set(after.log))
     reason = (
         f"{behind} versions since the last checkpoint"
         if due
         else f"{len(expired_after_last)} commits after the last checkpoint outlived the bound"
     )
+    if removed:
+        reason += f"; expired {len(removed)} log files"
     return t.result(
         CHECKPOINT,
         "checkpointed",
         "log files",
         files_before=len(listing.log),
         files_after=len(after.log),
-        files_added=len(after.log) - len(listing.log),
+        files_added=len(set(after.log) - set(listing.log)),
+        files_removed=len(removed),
+        bytes_removed=sum(listing.log[n][0] for n in removed),
+        log_files_removed=len(removed),
         version_before=version,
         version_after=version,
-        live_files=len(_live(table)),
+        live_files=len(state[1]),
         checkpoint_version=last_checkpoint(t.lake, t.uri),
         duration_seconds=time.monotonic() - started,
         detail=reason,
@@ -428,6 +460,7 @@ def _vacuum(t: _Table) -> MaintenanceResult:
         files_after=len(after.data),
         files_removed=len(deleted),
         bytes_removed=sum(before.data.get(p.lstrip("/"), 0) for p in deleted),
+        log_files_removed=len(set(before.log) - set(after.log)),
         version_before=version,
         version_after=fresh.version(),
         live_files=len(live),
@@ -441,17 +474,12 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
     checkpoint covers; the latest version must read back exactly as before."""
     started = time.monotonic()
     table = t.open()
-    version, live, txn = table.version(), _live(table), table.transaction_version(APP_ID)
+    state = _state(table)
+    version, live = state[0], state[1]
     before = _list(t.lake, t.uri)
     table.cleanup_metadata()
+    _verify(t, state, "log cleanup")
     after = _list(t.lake, t.uri)
-    fresh = t.open()
-    if (fresh.version(), _live(fresh), fresh.transaction_version(APP_ID)) != (version, live, txn):
-        raise MaintenanceDamage(
-            f"{t.name} of tenant {t.tenant_id}: after log cleanup the table reads version "
-            f"{fresh.version()} with txn {fresh.transaction_version(APP_ID)} and "
-            f"{len(_live(fresh))} files, not version {version}, txn {txn}, {len(live)} files"
-        )
     removed = sorted(set(before.log) - set(after.log))
     readable = after.log_versions("checkpoint")
     if f"{0:020d}.json" in after.log:
@@ -464,6 +492,7 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
         files_after=len(after.log),
         files_removed=len(removed),
         bytes_removed=sum(before.log[n][0] for n in removed),
+        log_files_removed=len(removed),
         version_before=version,
         version_after=version,
         live_files=len(live),
@@ -501,36 +530,41 @@ def zorder(
     return [_optimize(t, ZORDER, target_size) for t in _tables(lake, tenant_id) if t.spec.zorder_by]
 
 
-def checkpoint(
-    conn: psycopg.Connection, lake: Lake, tenant_id: str, *, now: dt.datetime | None = None
+def _expiring(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    step: Callable[[_Table, int], MaintenanceResult],
 ) -> list[MaintenanceResult]:
-    bound = _bound_seconds(conn, tenant_id)
-    now = now or dt.datetime.now(dt.UTC)
-    return [_checkpoint(t, bound, now) for t in _tables(lake, tenant_id)]
-
-
-def vacuum(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
-    """Properties back to the tenant's bound, then a full-listing VACUUM of every table."""
+    """Run a step that expires files or log entries on every table, each table's retention
+    properties first brought to the tenant's current bound."""
     bound = _bound_seconds(conn, tenant_id)
     results: list[MaintenanceResult] = []
     for t in _tables(lake, tenant_id):
-        synced = sync_properties(t, bound)
+        synced = _sync_properties(t, bound)
         if synced is not None:
             results.append(synced)
-        results.append(_vacuum(t))
+        results.append(step(t, bound))
     return results
+
+
+def checkpoint(
+    conn: psycopg.Connection, lake: Lake, tenant_id: str, *, now: dt.datetime | None = None
+) -> list[MaintenanceResult]:
+    """Checkpoint every table that is CHECKPOINT_INTERVAL versions past its last checkpoint or
+    holds expired commits after it."""
+    now = now or dt.datetime.now(dt.UTC)
+    return _expiring(conn, lake, tenant_id, lambda t, bound: _checkpoint(t, bound, now))
+
+
+def vacuum(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
+    """Full-listing VACUUM of every table with the tenant's bound as retention."""
+    return _expiring(conn, lake, tenant_id, lambda t, bound: _vacuum(t))
 
 
 def cleanup_logs(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
     """Log cleanup of every table with the tenant's bound as log retention."""
-    bound = _bound_seconds(conn, tenant_id)
-    results: list[MaintenanceResult] = []
-    for t in _tables(lake, tenant_id):
-        synced = sync_properties(t, bound)
-        if synced is not None:
-            results.append(synced)
-        results.append(_cleanup_logs(t))
-    return results
+    return _expiring(conn, lake, tenant_id, lambda t, bound: _cleanup_logs(t))
 
 
 def run_operation(
@@ -591,6 +625,7 @@ def totals(results: Iterable[MaintenanceResult]) -> dict[str, int | float]:
         "files_removed": sum(r.files_removed for r in results),
         "files_added": sum(r.files_added for r in results),
         "bytes_removed": sum(r.bytes_removed for r in results),
+        "log_files_removed": sum(r.log_files_removed for r in results),
         "commits": sum(r.version_after - r.version_before for r in results),
         "duration_seconds": round(sum(r.duration_seconds for r in results), 3),
     }

@@ -1,0 +1,191 @@
+"""The erasure SLO in the lake (spec: "The erasure-SLO interaction"): once an erase is drained and
+the tenant's bound has passed, one maintenance run leaves no copy of the erased ciphertext in any
+file under the tenant's prefix (live, superseded, orphaned, log or checkpoint), while the other
+claims stay readable with their bodies and the table stays readable at its latest version."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from oml_dagster.lake import maintenance
+from oml_dagster.lake.storage import Lake, conform, read_rows, tenant_tables
+from oml_dagster.lake.tables import APP_ID, GOLD_CURATED, SILVER_CLAIMS, TableSpec
+from oml_dagster.simulate import acts, producer
+from oml_dagster_tests.helpers import claim, drain_all, make_tree
+
+BOUND = dt.timedelta(seconds=2)
+
+
+def files_holding(lake: Lake, tenant_id: str, needle: bytes) -> list[str]:
+    """Every file under the tenant's prefix whose raw bytes contain `needle`."""
+    root = lake.tenant_uri(tenant_id)
+    hits = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            if needle in Path(path).read_bytes():
+                hits.append(os.path.relpath(path, root))
+    return sorted(hits)
+
+
+def leave_orphan(lake: Lake, tenant_id: str, spec: TableSpec, workarea_id: str | None = None):
+    """What a writer leaves that loses a commit race (or, for a table still at its first
+    version, is killed before committing): a data file with the table's current rows that no
+    log entry references."""
+    uri = lake.table_uri(tenant_id, spec, workarea_id)
+    current = lake.open(uri)
+    rows = conform(current.to_pyarrow_table(), spec)
+    if current.version() == 0:
+        pq.write_table(rows, Path(uri) / f"part-00000-{uuid.uuid4()}-c000.snappy.parquet")
+        return
+    stale = lake.open(uri, version=current.version() - 1)
+    with pytest.raises(CommitFailedError):
+        write_deltalake(
+            stale,
+            rows,
+            mode="append",
+            commit_properties=CommitProperties(max_commit_retries=0),
+        )
+    assert lake.open(uri).version() == current.version()
+
+
+def wait_out(bound: dt.timedelta, since: float) -> None:
+    time.sleep(max(0.0, since + bound.total_seconds() + 0.3 - time.time()))
+
+
+def bodies_of(conn, tenant_id: str) -> dict[tuple[str, int], bytes]:
+    rows = conn.execute(
+        "SELECT artifact_id::text, version, dek FROM oml_sim.deks WHERE tenant_id = %s",
+        (tenant_id,),
+    ).fetchall()
+    return {(a, v): bytes(dek) for a, v, dek in rows}
+
+
+def test_erased_ciphertext_leaves_every_file_under_the_tenant_prefix(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    made, bodies = [], {}
+    for i in range(6):
+        workarea, path = (tree.a, "u.a") if i % 3 == 0 else (tree.b, "u.b")
+        c = claim(workarea, path)
+        plaintext = f"plaintext {i} of {c.artifact_id}".encode()
+        bodies[c.artifact_id] = (plaintext, acts.promote(conn, keys, c, plaintext).ciphertext)
+        made.append(c)
+        if i % 2:
+            drain_all(conn, lake)
+    acts.validate_area(conn, keys, tree.b)
+    drain_all(conn, lake)
+    # Earlier maintenance rewrote the body into new files: those copies are superseded too.
+    maintenance.compact(lake, keys.tenant_id)
+    target = made[1]
+    erased = bodies[target.artifact_id][1]
+    leave_orphan(lake, keys.tenant_id, SILVER_CLAIMS)
+    leave_orphan(lake, keys.tenant_id, GOLD_CURATED, tree.b)
+
+    acts.erase(conn, keys, target)
+    drain_all(conn, lake)
+    erased_at = time.time()
+    silver_uri = lake.table_uri(keys.tenant_id, SILVER_CLAIMS)
+    row = next(
+        r
+        for r in read_rows(lake.open(silver_uri), SILVER_CLAIMS)
+        if r["artifact_id"] == target.artifact_id
+    )
+    assert row["state"] == "erased" and row["body_ciphertext"] is None
+    before = files_holding(lake, keys.tenant_id, erased)
+    # Live tables no longer hold it; superseded files (written, compacted) and orphans still do.
+    silver_copies = [p for p in before if p.startswith("silver/claims/")]
+    curated_copies = [p for p in before if p.startswith("gold/curated/")]
+    assert len(silver_copies) >= 3 and len(curated_copies) >= 2, before
+
+    wait_out(BOUND, erased_at)
+    results = maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+
+    assert files_holding(lake, keys.tenant_id, erased) == []
+    removed = {r.table: r.files_removed for r in results if r.operation == maintenance.VACUUM}
+    assert removed[SILVER_CLAIMS.name] >= len(silver_copies)
+
+    # Every other claim reads back with its body, which still opens under its key.
+    deks = bodies_of(conn, keys.tenant_id)
+    for name, spec, uri in tenant_tables(lake, keys.tenant_id):
+        if spec not in (SILVER_CLAIMS, GOLD_CURATED):
+            continue
+        rows = read_rows(lake.open(uri), spec)
+        assert rows, name
+        for r in rows:
+            if r["artifact_id"] == target.artifact_id:
+                assert r["body_ciphertext"] is None and r["state"] == "erased"
+                continue
+            plaintext, ciphertext = bodies[r["artifact_id"]]
+            assert r["body_ciphertext"] == ciphertext, name
+            dek = deks[(r["artifact_id"], r["version"])]
+            assert producer.open_body(ciphertext, dek, r["artifact_id"], r["version"]) == plaintext
+
+    # No log entry older than the bound survives except the checkpoint's own commit.
+    cutoff = time.time() - BOUND.total_seconds()
+    for name, _, uri in tenant_tables(lake, keys.tenant_id):
+        checkpoint = maintenance.last_checkpoint(lake, uri)
+        for entry in (Path(uri) / "_delta_log").glob("*.json"):
+            if entry.stat().st_mtime < cutoff:
+                assert checkpoint is not None and int(entry.name[:20]) >= checkpoint, (name, entry)
+
+
+def test_log_cleanup_keeps_the_latest_version_and_ends_time_travel(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    made = []
+    for i in range(4):
+        c = claim(tree.a)
+        acts.promote(conn, keys, c, f"body {i}".encode())
+        drain_all(conn, lake)
+        made.append(c)
+    acts.erase(conn, keys, made[0])
+    drain_all(conn, lake)
+    erased_at = time.time()
+    snapshot = {
+        name: (lake.open(uri).version(), read_rows(lake.open(uri), spec))
+        for name, spec, uri in tenant_tables(lake, keys.tenant_id)
+    }
+    txns = {
+        name: lake.open(uri).transaction_version(APP_ID)
+        for name, _, uri in tenant_tables(lake, keys.tenant_id)
+    }
+
+    wait_out(BOUND, erased_at)
+    silver_uri = lake.table_uri(keys.tenant_id, SILVER_CLAIMS)
+    # A file from a write still in flight (younger than the bound) is not an orphan yet.
+    in_flight = Path(silver_uri) / "part-00000-in-flight-c000.snappy.parquet"
+    in_flight.write_bytes(b"PAR1 in flight")
+    results = maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    assert in_flight.exists()
+    assert sum(r.log_files_removed for r in results) > 0
+
+    for name, spec, uri in tenant_tables(lake, keys.tenant_id):
+        table = lake.open(uri)
+        version, rows = snapshot[name]
+        assert table.version() in (version, version + 2)  # VACUUM START and END, if any
+        assert read_rows(table, spec) == rows
+        assert table.transaction_version(APP_ID) == txns[name]
+        checkpoint = maintenance.last_checkpoint(lake, uri)
+        if version > 0:
+            # Versions before the checkpoint the cleanup kept are gone: time travel to them
+            # fails ("No files in log segment", a TableNotFoundError).
+            assert checkpoint is not None and checkpoint > 0, name
+            with pytest.raises(TableNotFoundError, match="No files in log segment"):
+                DeltaTable(uri, version=checkpoint - 1)
+
+    # The writer goes on from where the log says it is: nothing re-applied, the next act lands.
+    late = claim(tree.a)
+    acts.promote(conn, keys, late, b"after cleanup")
+    drain_all(conn, lake)
+    silver = read_rows(lake.open(silver_uri), SILVER_CLAIMS)
+    assert sorted(r["artifact_id"] for r in silver) == sorted(c.artifact_id for c in [*made, late])
