@@ -42,8 +42,7 @@ from deltalake.fs import DeltaStorageHandler
 from .errors import LakeError
 from .storage import Lake, tenant_tables
 from .tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec
-from .writer import _writer_properties as writer_properties
-from .writer import erasure_bound
+from .writer import erasure_bound, writer_properties
 
 LOG_DIR = "_delta_log"
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|checkpoint(\.\d+\.\d+)?\.parquet)$")

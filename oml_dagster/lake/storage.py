@@ -87,10 +87,13 @@ class Lake:
         return uri
 
     def open(self, uri: str, version: int | None = None) -> DeltaTable | None:
-        """The table at `uri` (latest, or `version`), or None when there is no table there."""
+        """The table at `uri` (latest, or `version`), or None when there is no table there. A
+        `version` the log no longer holds raises: that is not the same as no table."""
         try:
             return DeltaTable(uri, version=version, storage_options=self.storage_options or None)
         except TableNotFoundError:
+            if version is not None:
+                raise
             return None
 
 

@@ -122,7 +122,7 @@ def _handle(lake: Lake, tenant_id: str, spec: TableSpec, workarea_id: str | None
     return _Handle(spec, name, uri, table, _txn(table))
 
 
-def _writer_properties(spec: TableSpec) -> WriterProperties:
+def writer_properties(spec: TableSpec) -> WriterProperties:
     """Parquet settings for every write, MERGE and rewrite: no statistics for body columns.
     Compression is named explicitly: WriterProperties without it writes uncompressed files."""
     return WriterProperties(
@@ -276,7 +276,7 @@ def _write(
 ) -> None:
     spec = handle.spec
     data = pa.Table.from_pylist(rows, schema=spec.schema)
-    writer_properties = _writer_properties(spec)
+    parquet = writer_properties(spec)
     if handle.table is None:
         write_deltalake(
             handle.uri,
@@ -285,7 +285,7 @@ def _write(
             partition_by=list(spec.partition_by) or None,
             configuration=configuration,
             storage_options=lake.storage_options or None,
-            writer_properties=writer_properties,
+            writer_properties=parquet,
             commit_properties=props,
         )
     elif keyed and rows:
@@ -296,7 +296,7 @@ def _write(
                 predicate,
                 source_alias="s",
                 target_alias="t",
-                writer_properties=writer_properties,
+                writer_properties=parquet,
                 streamed_exec=False,
                 commit_properties=props,
             )
@@ -310,7 +310,7 @@ def _write(
             data,
             mode="append",
             partition_by=list(spec.partition_by) or None,
-            writer_properties=writer_properties,
+            writer_properties=parquet,
             commit_properties=props,
         )
 
