@@ -21,6 +21,7 @@ from dagster import (
     TableSchema,
     multi_asset,
 )
+from deltalake.exceptions import DeltaError
 
 from oml_dagster.lake import deadletter
 from oml_dagster.lake.storage import Lake
@@ -150,9 +151,13 @@ def batch_metadata(
         }
         for t in outcomes:
             if t.action == "committed" and t.version is not None:
-                added, updated = _commit_counts(lake, tenant_id, spec, t)
-                meta["rows_added"] += added
-                meta["rows_updated"] += updated
+                counts = _commit_counts(lake, tenant_id, spec, t)
+                if counts is None:  # unknown: say nothing rather than a guess
+                    meta.pop("rows_added", None)
+                    meta.pop("rows_updated", None)
+                elif "rows_added" in meta:
+                    meta["rows_added"] += counts[0]
+                    meta["rows_updated"] += counts[1]
         if tables:
             txn = min(t for t, _ in tables.values())
             meta["txn_version"] = txn
@@ -184,16 +189,22 @@ def _action(outcomes: list[TableOutcome]) -> str:
 
 def _commit_counts(
     lake: Lake, tenant_id: str, spec: TableSpec, outcome: TableOutcome
-) -> tuple[int, int]:
-    """(rows inserted, rows updated) by the outcome's commit, from its Delta operation metrics."""
+) -> tuple[int, int] | None:
+    """(rows inserted, rows updated) by the outcome's commit, from its Delta operation metrics;
+    None when the commit can no longer be read (the run's commits stand either way)."""
     workarea_id = outcome.table.partition("/")[2] or None
-    table = lake.open(lake.table_uri(tenant_id, spec, workarea_id), outcome.version)
-    history = table.history(limit=1) if table is not None else []
+    try:
+        table = lake.open(lake.table_uri(tenant_id, spec, workarea_id), outcome.version)
+        history = table.history(limit=1) if table is not None else []
+    except DeltaError:
+        return None
     metrics = (history[0].get("operationMetrics") or {}) if history else {}
     if "num_target_rows_inserted" in metrics:  # a MERGE
         inserted = int(metrics["num_target_rows_inserted"])
         return inserted, int(metrics.get("num_target_rows_updated", 0))
-    return int(metrics.get("num_added_rows", outcome.rows)), 0
+    if "num_added_rows" in metrics:
+        return int(metrics["num_added_rows"]), 0
+    return None
 
 
 def _summary(result: BatchResult, metadata: dict[AssetKey, dict]) -> str:
