@@ -25,7 +25,7 @@ from oml_dagster.lake import sequencer
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import producer
 
-from .dagster_support import more_acts, seed_tenant
+from .dagster_support import delete_tenant_prefix, more_acts, seed_tenant
 
 OUTBOX = AssetKey(["postgres", "outbox"])
 
@@ -95,7 +95,7 @@ def test_new_tenants_become_partitions_and_get_one_run_each(conn, lake, defs, in
     assert set(runs) == {a.tenant_id, b.tenant_id}
     assert idle.tenant_id not in runs
     last = {t: last_seq for t, last_seq, _ in sequencer.pending_tenants(conn)}
-    assert runs[a.tenant_id] == f"{a.tenant_id}:0:{last[a.tenant_id]}"
+    assert runs[a.tenant_id] == f"{a.tenant_id}:0:{last[a.tenant_id]}:0"  # never drained
     for request in data.run_requests:
         # The sensor's runs drain only; the checks run on their own schedule.
         assert set(request.asset_selection) == {
@@ -161,6 +161,25 @@ def test_idle_and_drained_tenants_get_no_run_and_each_batch_one_key(conn, lake, 
     third = requested(tick(defs, instance))[a.tenant_id]
     assert third not in (first, second)
     assert requested(tick(defs, instance))[a.tenant_id] == third
+
+
+def test_after_a_lost_lake_each_rebuilt_batch_gets_a_new_key(conn, lake, defs, instance):
+    """A backfill rebuilds a lost tenant one batch per run; the sensor must carry on from there
+    even though the rebuilt frontier and the outbox look exactly as they did before the loss."""
+    a = seed_tenant(conn)
+    more_acts(conn, a, 20)
+    small = WriterConfig(max_batch=10, txn_lag_limit=5)
+    seen = []
+    while (key := requested(tick(defs, instance)).get(a.tenant_id)) is not None:
+        seen.append(key)
+        drain_tenant(conn, lake, a.tenant_id, small)  # one run: one batch
+    assert len(seen) >= 3 and len(set(seen)) == len(seen)
+
+    delete_tenant_prefix(lake, a.tenant_id)
+    drain_tenant(conn, lake, a.tenant_id, small)  # the backfill's run: the first batch again
+
+    key = requested(tick(defs, instance))[a.tenant_id]
+    assert key not in seen
 
 
 def test_a_gap_is_reported_on_the_outbox_and_the_run_waits_for_nothing(conn, lake, defs, instance):

@@ -2,9 +2,12 @@
 new tenant, and requests one lake-writer run per tenant with sequenced ops not yet drained.
 
 A tick's cost does not grow with a per-tenant loop of queries: one cut, one aggregate query over
-the sequencer and the frontier cache, one read of the instance's partitions and one of its
-in-flight lake-writer runs, whatever the tenant count.
+the sequencer and the frontier cache (and one more for the pending tenants' last drain time), one
+read of the instance's partitions and one of its in-flight lake-writer runs, whatever the tenant
+count.
 """
+
+import datetime as dt
 
 from dagster import (
     AssetMaterialization,
@@ -36,12 +39,27 @@ IN_FLIGHT = [
 ]
 
 
-def run_key(tenant_id: str, drained_through: int, last_seq: int) -> str:
-    """A batch as the sensor sees it: the tenant, what the lake holds and what is sequenced.
+# When each pending tenant's last drain finished (any table's frontier row is written by every
+# completed run, whatever it committed). One aggregate query over the pending tenants.
+_DRAINED_AT = """
+SELECT tenant_id::text, max(updated_at) FROM oml.lake_frontier
+WHERE tenant_id = ANY(%s::uuid[]) GROUP BY tenant_id
+"""
 
-    The drained end is part of the key so a backlog longer than one run's batch gets its next
-    run on the next tick, while the same batch is never requested twice."""
-    return f"{tenant_id}:{drained_through}:{last_seq}"
+
+def run_key(
+    tenant_id: str, drained_through: int, last_seq: int, drained_at: dt.datetime | None
+) -> str:
+    """A batch as the sensor sees it: the tenant, how far the lake is drained, how far the outbox
+    is sequenced, and when the last run finished.
+
+    A tick that sees the same batch again (its run still to come, or failed: Dagster retries it
+    by run_retries, an operator by a backfill) asks under the same key, which Dagster launches
+    once. Every finished run changes the key, so a backlog longer than one batch, or a lost
+    tenant rebuilt one batch per run by a backfill, gets its next run on the next tick even when
+    the drained and sequenced ends repeat an earlier state."""
+    stamp = int(drained_at.timestamp() * 1_000_000) if drained_at else 0
+    return f"{tenant_id}:{drained_through}:{last_seq}:{stamp}"
 
 
 def tenants_in_flight(instance: DagsterInstance) -> set[str]:
@@ -66,6 +84,7 @@ def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) 
     with postgres.connect() as conn:
         cut = sequencer.sequence(conn)
         pending = sequencer.pending_tenants(conn)
+        drained_at = dict(conn.execute(_DRAINED_AT, ([t for t, _, _ in pending],)).fetchall())
 
     known = set(context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME))
     new = sorted(({t for t, _, _ in pending} | set(cut.tenants)) - known)
@@ -74,7 +93,7 @@ def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) 
     busy = tenants_in_flight(context.instance)
     requests = [
         RunRequest(
-            run_key=run_key(tenant_id, drained, last_seq),
+            run_key=run_key(tenant_id, drained, last_seq, drained_at.get(tenant_id)),
             partition_key=tenant_id,
             asset_selection=LAKE_ASSET_KEYS,
             asset_check_keys=[],
