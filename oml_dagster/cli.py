@@ -13,6 +13,7 @@ from .lake.drain import DrainPass, drain
 from .lake.errors import LakeError
 from .lake.storage import Lake
 from .lake.writer import WriterConfig, lag
+from .simulate.cli import register as register_simulate
 
 
 def _print(*parts: object) -> None:
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     rq.add_argument("--payload", help="a corrected payload (JSON); default: the stored one")
     rq.set_defaults(func=cmd_deadletter_requeue)
     maintenance_cli.register(sub)
+    register_simulate(sub)
     return parser
 
 

@@ -1,5 +1,9 @@
 """The acts of the op catalog (DESIGN §2), each committed as the OML service would: its outbox
-op, its journal event, and its domain rows (claim bodies, crypto-shred)."""
+op, its journal event, and its domain rows (claim bodies, crypto-shred).
+
+Each op has one builder (`*_act`) returning an uncommitted `Act`, the one place its payload is
+shaped; the functions named after the acts commit one right away (`commit_act`), and the
+workload generator batches the builders' acts (`commit_acts`)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from .producer import Body, Event, TenantKeys, commit_act, instant, seal
+from .producer import Act, Body, Event, TenantKeys, commit_act, instant, seal
 
 
 def _now() -> dt.datetime:
@@ -80,6 +84,149 @@ def _digest_payload(payload: dict) -> dict:
     return {k: v for k, v in payload.items() if k != "body_ciphertext"}
 
 
+def _commit(conn: psycopg.Connection, keys: TenantKeys, act: Act, **hooks: Any) -> int:
+    return commit_act(
+        conn,
+        keys,
+        act.event,
+        act.ops,
+        store_bodies=act.store_bodies,
+        shred=act.shred,
+        **hooks,
+    )
+
+
+# --- builders: one per op ----------------------------------------------------------------------
+
+
+def promote_act(
+    claim: Claim, body: Body | None = None, *, self_signed: bool = False, store_body: bool = True
+) -> Act:
+    """A promotion; with body_ref lake its sealed body goes to oml.claim_bodies."""
+    if body is not None:
+        claim.plaintext_digest = body.plaintext_digest
+        claim.ciphertext_digest = body.ciphertext_digest
+    stored = [body] if (body is not None and claim.body_ref == "lake" and store_body) else []
+    payload = claim.payload(self_signed)
+    return Act(
+        claim.event("claim.promoted", _digest_payload(payload)),
+        [("claim.promote", payload)],
+        store_bodies=stored,
+    )
+
+
+def repromote_act(claim: Claim) -> Act:
+    """A new promotion of a version the lake holds (held -> promoted): its body is already
+    in oml.claim_bodies, so nothing is stored again."""
+    payload = claim.payload()
+    return Act(claim.event("claim.promoted", payload), [("claim.promote", payload)])
+
+
+def _retract_act(op: str, event_type: str, claim: Claim, at, shred=()) -> Act:
+    payload = {
+        "artifact_id": claim.artifact_id,
+        "version": claim.version,
+        "at": instant(at or _now()),
+    }
+    return Act(claim.event(event_type, payload), [(op, payload)], shred=list(shred))
+
+
+def demote_act(claim: Claim, at: dt.datetime | None = None) -> Act:
+    return _retract_act("claim.demote", "claim.demoted", claim, at)
+
+
+def erase_act(claim: Claim, at: dt.datetime | None = None) -> Act:
+    """Crypto-shred: the DEK and the claim_bodies row are destroyed in the same act."""
+    shred = [(claim.artifact_id, claim.version)]
+    return _retract_act("claim.erase", "claim.erased", claim, at, shred=shred)
+
+
+def reassign_act(claim: Claim, workarea_id: str, held: bool, at: dt.datetime | None = None) -> Act:
+    """A move to `workarea_id` (the journal event names the area it leaves); the caller
+    updates `claim.workarea_id` once the act is committed or queued."""
+    payload = {
+        "artifact_id": claim.artifact_id,
+        "version": claim.version,
+        "workarea_id": workarea_id,
+        "held": held,
+        "at": instant(at or _now()),
+    }
+    return Act(claim.event("lifecycle.reassign", payload), [("claim.reassign", payload)])
+
+
+def repair_act(claim: Claim, fold_seq: int, state: str) -> Act:
+    row = claim.payload()
+    del row["self_signed"]
+    row.update(state=state, retracted_at=None)
+    payload = {
+        "artifact_id": claim.artifact_id,
+        "version": claim.version,
+        "fold_seq": fold_seq,
+        "row": row,
+    }
+    return Act(claim.event("reconciler.repair", payload), [("claim.repair", payload)])
+
+
+def simulation_end_act(
+    simulation_id: str, demote_tainted: bool, at: dt.datetime | None = None
+) -> Act:
+    payload = {
+        "simulation_id": simulation_id,
+        "at": instant(at or _now()),
+        "demote_tainted": demote_tainted,
+    }
+    event = Event("simulation.ended", payload, simulation_id=simulation_id, provenance="simulation")
+    return Act(event, [("simulation.end", payload)])
+
+
+def ratify_act(edge: Edge) -> Act:
+    payload = edge.payload()
+    return Act(
+        Event("edge.ratified", payload, simulation_id=edge.simulation_id),
+        [("edge.ratify", payload)],
+    )
+
+
+def demote_edge_act(edge_id: str, at: dt.datetime | None = None) -> Act:
+    payload = {"edge_id": edge_id, "at": instant(at or _now())}
+    return Act(Event("edge.demoted", payload), [("edge.demote", payload)])
+
+
+def upsert_area_act(workarea_id: str, at: dt.datetime | None = None, **columns: Any) -> Act:
+    payload = {"workarea_id": workarea_id, "at": instant(at or _now())}
+    for name, value in columns.items():
+        payload[name] = instant(value) if isinstance(value, dt.datetime) else value
+    return Act(
+        Event("workarea.updated", payload, workarea_id=workarea_id), [("area.upsert", payload)]
+    )
+
+
+def reparent_area_act(
+    workarea_id: str, parent_id: str, path: str, at: dt.datetime | None = None
+) -> Act:
+    payload = {
+        "workarea_id": workarea_id,
+        "parent_id": parent_id,
+        "path": path,
+        "at": instant(at or _now()),
+    }
+    return Act(
+        Event("workarea.reparented", payload, workarea_id=workarea_id),
+        [("area.reparent", payload)],
+    )
+
+
+def validate_area_act(workarea_id: str, at: dt.datetime | None = None) -> Act:
+    payload = {"workarea_id": workarea_id, "at": instant(at or _now())}
+    return Act(
+        Event("workarea.validated", payload, workarea_id=workarea_id),
+        [("area.validate", payload)],
+    )
+
+
+# --- acts committed one at a time ----------------------------------------------------------------
+
+
 def promote(
     conn: psycopg.Connection,
     keys: TenantKeys,
@@ -94,48 +241,23 @@ def promote(
     """Promote a claim version; with body_ref lake its sealed body goes to oml.claim_bodies."""
     if body is None and plaintext is not None:
         body = seal(claim.artifact_id, claim.version, plaintext)
-    if body is not None:
-        claim.plaintext_digest = body.plaintext_digest
-        claim.ciphertext_digest = body.ciphertext_digest
-    stored = [body] if (body is not None and claim.body_ref == "lake" and store_body) else []
-    payload = claim.payload(self_signed)
-    commit_act(
-        conn,
-        keys,
-        claim.event("claim.promoted", _digest_payload(payload)),
-        [("claim.promote", payload)],
-        store_bodies=stored,
-        **act,
+    _commit(
+        conn, keys, promote_act(claim, body, self_signed=self_signed, store_body=store_body), **act
     )
     return body
 
 
 def repromote(conn: psycopg.Connection, keys: TenantKeys, claim: Claim, **act: Any) -> None:
-    payload = claim.payload()
-    commit_act(
-        conn, keys, claim.event("claim.promoted", payload), [("claim.promote", payload)], **act
-    )
-
-
-def _retract(conn, keys, op, event_type, claim: Claim, at, shred=(), **act) -> None:
-    payload = {
-        "artifact_id": claim.artifact_id,
-        "version": claim.version,
-        "at": instant(at or _now()),
-    }
-    commit_act(
-        conn, keys, claim.event(event_type, payload), [(op, payload)], shred=list(shred), **act
-    )
+    _commit(conn, keys, repromote_act(claim), **act)
 
 
 def demote(conn, keys: TenantKeys, claim: Claim, at: dt.datetime | None = None, **act) -> None:
-    _retract(conn, keys, "claim.demote", "claim.demoted", claim, at, **act)
+    _commit(conn, keys, demote_act(claim, at), **act)
 
 
 def erase(conn, keys: TenantKeys, claim: Claim, at: dt.datetime | None = None, **act) -> None:
     """Crypto-shred: the DEK and the claim_bodies row are destroyed in the same act."""
-    shred = [(claim.artifact_id, claim.version)]
-    _retract(conn, keys, "claim.erase", "claim.erased", claim, at, shred=shred, **act)
+    _commit(conn, keys, erase_act(claim, at), **act)
 
 
 def reassign(
@@ -147,32 +269,12 @@ def reassign(
     at: dt.datetime | None = None,
     **act,
 ) -> None:
-    payload = {
-        "artifact_id": claim.artifact_id,
-        "version": claim.version,
-        "workarea_id": workarea_id,
-        "held": held,
-        "at": instant(at or _now()),
-    }
-    commit_act(
-        conn, keys, claim.event("lifecycle.reassign", payload), [("claim.reassign", payload)], **act
-    )
+    _commit(conn, keys, reassign_act(claim, workarea_id, held, at), **act)
     claim.workarea_id = workarea_id
 
 
 def repair(conn, keys: TenantKeys, claim: Claim, fold_seq: int, state: str, **act) -> None:
-    row = claim.payload()
-    del row["self_signed"]
-    row.update(state=state, retracted_at=None)
-    payload = {
-        "artifact_id": claim.artifact_id,
-        "version": claim.version,
-        "fold_seq": fold_seq,
-        "row": row,
-    }
-    commit_act(
-        conn, keys, claim.event("reconciler.repair", payload), [("claim.repair", payload)], **act
-    )
+    _commit(conn, keys, repair_act(claim, fold_seq, state), **act)
 
 
 def simulation_end(
@@ -183,13 +285,7 @@ def simulation_end(
     at: dt.datetime | None = None,
     **act,
 ) -> None:
-    payload = {
-        "simulation_id": simulation_id,
-        "at": instant(at or _now()),
-        "demote_tainted": demote_tainted,
-    }
-    event = Event("simulation.ended", payload, simulation_id=simulation_id, provenance="simulation")
-    commit_act(conn, keys, event, [("simulation.end", payload)], **act)
+    _commit(conn, keys, simulation_end_act(simulation_id, demote_tainted, at), **act)
 
 
 @dataclass
@@ -225,24 +321,17 @@ class Edge:
 
 
 def ratify(conn, keys: TenantKeys, edge: Edge, **act) -> None:
-    payload = edge.payload()
-    event = Event("edge.ratified", payload, simulation_id=edge.simulation_id)
-    commit_act(conn, keys, event, [("edge.ratify", payload)], **act)
+    _commit(conn, keys, ratify_act(edge), **act)
 
 
 def demote_edge(conn, keys: TenantKeys, edge_id: str, at: dt.datetime | None = None, **act) -> None:
-    payload = {"edge_id": edge_id, "at": instant(at or _now())}
-    commit_act(conn, keys, Event("edge.demoted", payload), [("edge.demote", payload)], **act)
+    _commit(conn, keys, demote_edge_act(edge_id, at), **act)
 
 
 def upsert_area(
     conn, keys: TenantKeys, workarea_id: str, at: dt.datetime | None = None, **columns
 ) -> None:
-    payload = {"workarea_id": workarea_id, "at": instant(at or _now())}
-    for name, value in columns.items():
-        payload[name] = instant(value) if isinstance(value, dt.datetime) else value
-    event = Event("workarea.updated", payload, workarea_id=workarea_id)
-    commit_act(conn, keys, event, [("area.upsert", payload)])
+    _commit(conn, keys, upsert_area_act(workarea_id, at, **columns))
 
 
 def reparent_area(
@@ -254,19 +343,10 @@ def reparent_area(
     at: dt.datetime | None = None,
     **act,
 ) -> None:
-    payload = {
-        "workarea_id": workarea_id,
-        "parent_id": parent_id,
-        "path": path,
-        "at": instant(at or _now()),
-    }
-    event = Event("workarea.reparented", payload, workarea_id=workarea_id)
-    commit_act(conn, keys, event, [("area.reparent", payload)], **act)
+    _commit(conn, keys, reparent_area_act(workarea_id, parent_id, path, at), **act)
 
 
 def validate_area(
     conn, keys: TenantKeys, workarea_id: str, at: dt.datetime | None = None, **act
 ) -> None:
-    payload = {"workarea_id": workarea_id, "at": instant(at or _now())}
-    event = Event("workarea.validated", payload, workarea_id=workarea_id)
-    commit_act(conn, keys, event, [("area.validate", payload)], **act)
+    _commit(conn, keys, validate_area_act(workarea_id, at), **act)
