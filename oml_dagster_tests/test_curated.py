@@ -126,3 +126,25 @@ def test_a_second_validation_changes_nothing(conn, lake, tenant):
     drain_all(conn, lake)
     assert curated_rows(lake, tenant.tenant_id, tree.a) == before
     assert lake.open(lake.table_uri(tenant.tenant_id, GOLD_CURATED, tree.a)).version() == 0
+
+
+def test_held_rows_count_for_taint_and_cannot_be_promoted_back_into_a_validated_area(
+    conn, lake, tenant
+):
+    tree = make_tree(conn, tenant)
+    tainted = promoted(conn, tenant, tree.b, path="u.b", sim_derived_ids=[new_id()])
+    clean = promoted(conn, tenant, tree.b, path="u.b")
+    acts.reassign(conn, tenant, tainted, tree.a, held=True)
+    acts.reassign(conn, tenant, clean, tree.a1, held=True)
+    acts.validate_area(conn, tenant, tree.a)  # a held tainted row is in a: refused
+    acts.validate_area(conn, tenant, tree.a1)  # only a clean held row: validated, curated empty
+    acts.repromote(conn, tenant, clean)  # back to promoted inside a validated area: refused
+    drain_all(conn, lake)
+    reasons = sorted(r for _, r in dead_letters(conn).values())
+    assert len(reasons) == 2, reasons
+    assert any("simulation-tainted" in r and tainted.artifact_id in r for r in reasons)
+    assert any(f"claim.promote into validated workarea {tree.a1}" in r for r in reasons)
+    view = LakeView(lake, tenant.tenant_id)
+    assert view.claim(clean)["state"] == "held"
+    assert view.areas[tree.a]["status"] == "development"
+    assert curated_rows(lake, tenant.tenant_id, tree.a1) == []

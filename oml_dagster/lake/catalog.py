@@ -216,10 +216,14 @@ def _check_promote(op: Op, state: TenantState) -> None:
                 f"claim.promote of a demoted row ({_describe(_claim_key(op))}): "
                 "promote a new version instead"
             )
-    if row is None and _area_status(state, op.args["workarea_id"]) == "validated":
-        raise RefusedOp(
-            f"claim.promote into validated workarea {op.args['workarea_id']} is refused by freeze"
-        )
+    # A promotion that would change something (a new row, or a held row back to promoted)
+    # lands a promoted row in its area: refused when that area is validated.
+    if row is None or row["state"] == "held":
+        workarea_id = op.args["workarea_id"] if row is None else row["workarea_id"]
+        if _area_status(state, workarea_id) == "validated":
+            raise RefusedOp(
+                f"claim.promote into validated workarea {workarea_id} is refused by freeze"
+            )
 
 
 def _body(op: Op, state: TenantState, body_ref: str) -> bytes | None:
@@ -504,7 +508,7 @@ def _check_validate(op: Op, state: TenantState) -> None:
         row["artifact_id"]
         for row in state.silver.values()
         if row["workarea_id"] == workarea_id
-        and row["state"] == "promoted"
+        and row["state"] in ("promoted", "held")
         and (row["simulation_id"] or row["sim_derived_ids"])
     )
     if tainted:
