@@ -151,13 +151,14 @@ def test_two_runs_started_outside_the_queue_are_fenced(conn, lake, tmp_path, mon
 
     def run() -> None:
         try:
-            instance = DagsterInstance.ephemeral()
-            instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [work.tenant_id])
-            results.append(
-                job.execute_in_process(
-                    partition_key=work.tenant_id, instance=instance, raise_on_error=False
+            # Each run has its own instance, closed in the thread that opened it.
+            with DagsterInstance.ephemeral() as instance:
+                instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [work.tenant_id])
+                results.append(
+                    job.execute_in_process(
+                        partition_key=work.tenant_id, instance=instance, raise_on_error=False
+                    )
                 )
-            )
         except BaseException as error:  # surfaced below, with the thread's own traceback
             errors.append(error)
 
