@@ -22,6 +22,7 @@ NUMERIC = [
     "batch_start",
     "batch_end",
     "ops_in_batch",
+    "ops_new",
     "ops_applied",
     "ops_dead_lettered",
     "lag_ops",
@@ -84,7 +85,7 @@ def test_a_run_lands_the_same_tables_as_the_core_drain(conn, lake, tmp_path, def
         for name in NUMERIC:
             assert isinstance(m[name], int | float), (key, name)
         assert (m["batch_start"], m["batch_end"], m["txn_version"]) == (0, last_seq, last_seq)
-        assert m["ops_in_batch"] == last_seq  # one tenant: every seq is its own
+        assert m["ops_in_batch"] == m["ops_new"] == last_seq  # one tenant: every seq its own
         assert m["ops_dead_lettered"] == work.bad_ops == 1
         assert m["ops_applied"] == last_seq - 1
         assert (m["lag_ops"], m["lag_seconds"]) == (0, 0.0)
@@ -119,6 +120,7 @@ def test_the_next_batch_reports_updates_versions_and_lag(conn, lake, defs, insta
         second["bronze/events"],
     )
     assert silver["batch_start"] == batch_end
+    assert silver["ops_new"] == silver["ops_applied"] == 8  # four acts: an op and an event each
     assert (silver["rows_added"], silver["rows_updated"], silver["table_version"]) == (3, 1, 1)
     assert (curated["rows_added"], curated["rows_updated"]) == (0, 1)
     assert (bronze["rows_added"], bronze["table_version"]) == (4, 1)
@@ -140,6 +142,7 @@ def test_the_next_batch_reports_updates_versions_and_lag(conn, lake, defs, insta
     monkeypatch.setenv("OML_MAX_BATCH", "6")
     partial = materialize(defs, instance, work.tenant_id)
     assert partial["bronze/events"]["ops_in_batch"] == 6
+    assert partial["bronze/events"]["ops_new"] == 0  # all six re-read for the lagging table
     # The batch starts where the least advanced table (lineage, untouched) stands, so its ops
     # are older than bronze's txn: bronze skips it and still lags by the 20 new ops.
     assert partial["bronze/events"]["action"] == "skipped"

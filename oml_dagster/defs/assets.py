@@ -119,11 +119,22 @@ def batch_metadata(
     conn: psycopg.Connection, lake: Lake, result: BatchResult
 ) -> dict[AssetKey, dict]:
     """What one run did to each table, as numbers the UI plots over time: rows added and
-    updated by the commit, the table's version and txn version afterwards, the batch's bounds
-    and ops, and how far the table still lags the sequenced outbox."""
+    updated by the commit, the table's version and txn version afterwards, the batch's bounds,
+    the ops it read and those new to the lake (applied or dead-lettered), and how far the table
+    still lags the sequenced outbox."""
     tenant_id = result.tenant_id
-    # Refusals recorded by an earlier run of the same batch count too: a replay reuses them.
-    refused = len(deadletter.refused_seqs(conn, tenant_id, result.batch_start, result.batch_end))
+    # The batch starts at the least advanced table, so it may re-read ops other tables hold
+    # already (ADR 0002); the ops above the most advanced table are the ones new to the lake.
+    # A replay after a loss finds every table gone: all its ops are new again.
+    new_from = max((t.txn_before for t in result.tables), default=result.batch_end)
+    new_ops = 0
+    if new_from < result.batch_end:
+        new_ops = conn.execute(
+            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND seq > %s AND seq <= %s",
+            (tenant_id, new_from, result.batch_end),
+        ).fetchone()[0]
+    # Verdicts recorded by an earlier run of the same ops count too: a replay reuses them.
+    refused = len(deadletter.refused_seqs(conn, tenant_id, new_from, result.batch_end))
     # Where every table stands after the run (the run has just refreshed this cache).
     frontier = {
         name: (txn, version)
@@ -144,7 +155,8 @@ def batch_metadata(
             "batch_start": result.batch_start,
             "batch_end": result.batch_end,
             "ops_in_batch": result.ops,
-            "ops_applied": max(result.ops - refused, 0),
+            "ops_new": new_ops,
+            "ops_applied": new_ops - refused,
             "ops_dead_lettered": refused,
             "commit_attempts": sum(t.attempts for t in outcomes),
             "action": _action(outcomes),
