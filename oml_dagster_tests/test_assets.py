@@ -3,15 +3,21 @@ core's own drain, and reports each table's commit in numbers."""
 
 from __future__ import annotations
 
+import uuid
+
+import pyarrow as pa
 import pytest
 from dagster import AssetKey, instance_for_test
 
+from oml_dagster.defs.checks import LAKE_CHECK_KEYS
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.lake import sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.simulate import acts
 
+from .conftest import table_rows
 from .dagster_support import lake_snapshot, more_acts, seed_tenant, table_versions
 
 LAKE_KEYS = ["bronze/events", "silver/claims", "gold/lineage", "gold/areas", "gold/curated"]
@@ -173,3 +179,46 @@ def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):
     )[0]
     assert record.partition == work.tenant_id
     assert AssetKey(["silver", "claims"]) in {e.asset_key for e in evaluations}
+
+
+def test_the_checks_fail_on_a_corrupted_table(conn, lake, defs, instance):
+    from deltalake import write_deltalake
+
+    work = seed_tenant(conn)
+    sequencer.sequence(conn)
+    materialize(defs, instance, work.tenant_id)
+
+    # Someone else's writes: a claim of the validated area again in silver, erased with its body
+    # kept and under another tenant's id; and a curated row silver never held.
+    silver_uri = lake.table_uri(work.tenant_id, SILVER_CLAIMS)
+    (row,) = [
+        r
+        for r in table_rows(lake, work.tenant_id, SILVER_CLAIMS)
+        if r["artifact_id"] == work.claims[0].artifact_id
+    ]
+    assert row["body_ciphertext"] is not None
+    forged = dict(row, tenant_id=str(uuid.uuid4()), state="erased")
+    write_deltalake(
+        silver_uri, pa.Table.from_pylist([forged], schema=SILVER_CLAIMS.schema), mode="append"
+    )
+    stray = dict(row, artifact_id=str(uuid.uuid4()), curated_at=row["promoted_at"])
+    write_deltalake(
+        lake.table_uri(work.tenant_id, GOLD_CURATED, work.areas[1]),
+        pa.Table.from_pylist([stray], schema=GOLD_CURATED.schema),
+        mode="append",
+    )
+
+    job = defs.resolve_job_def("lake_writer_job")
+    checks_only = job.get_subset(asset_selection=set(), asset_check_selection=set(LAKE_CHECK_KEYS))
+    result = checks_only.execute_in_process(partition_key=work.tenant_id, instance=instance)
+    assert not result.get_asset_materialization_events()  # the checks alone ran
+    verdicts = {
+        (e.asset_key.to_user_string(), e.check_name): e.passed
+        for e in result.get_asset_check_evaluations()
+    }
+    failed = {k for k, passed in verdicts.items() if not passed}
+    assert failed == {
+        ("silver/claims", "tenant_id_matches_partition"),
+        ("silver/claims", "erased_rows_carry_no_body"),
+        ("gold/curated", "curated_agrees_with_silver"),
+    }

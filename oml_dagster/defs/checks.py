@@ -27,6 +27,7 @@ from dagster import (
 from deltalake import DeltaTable
 
 from oml_dagster.lake.storage import Lake, query, tenant_tables
+from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS, TableSpec
 
 from .assets import CURATED, SILVER, TABLE_OF
 from .jobs import LAKE_ASSET_KEYS, lake_writer_job
@@ -55,18 +56,10 @@ def _tables(lake: Lake, tenant_id: str, key: AssetKey) -> list[tuple[str, DeltaT
     return found
 
 
-def _read(table: DeltaTable, columns: list[str], where: str | None = None) -> pa.Table:
+def _read(table: DeltaTable, spec: TableSpec, columns: list[str], where: str | None = None):
+    """Columns of `table` in the spec's Arrow types (MERGE writes view types, nested ones too)."""
     data = query(table, ", ".join(columns), where)
-    # MERGE writes view types; cast back so compute kernels and comparisons line up.
-    return data.cast(pa.schema([(f.name, _plain(f.type)) for f in data.schema]))
-
-
-def _plain(t: pa.DataType) -> pa.DataType:
-    if t == pa.string_view():
-        return pa.string()
-    if t == pa.binary_view():
-        return pa.binary()
-    return t
+    return data.select(columns).cast(pa.schema([spec.schema.field(c) for c in columns]))
 
 
 def _tenant_check(key: AssetKey) -> AssetChecksDefinition:
@@ -81,7 +74,7 @@ def _tenant_check(key: AssetKey) -> AssetChecksDefinition:
         rows = wrong = 0
         samples: list[str] = []
         for _, table in _tables(lake.get_lake(), tenant_id, key):
-            column = _read(table, ["tenant_id"]).column("tenant_id")
+            column = _read(table, TABLE_OF[key], ["tenant_id"]).column("tenant_id")
             rows += len(column)
             others = pc.filter(column, pc.not_equal(column, tenant_id))
             wrong += len(others)
@@ -107,6 +100,7 @@ def _erased_check(key: AssetKey) -> AssetChecksDefinition:
         for _, table in _tables(lake.get_lake(), context.partition_key, key):
             rows = _read(
                 table,
+                TABLE_OF[key],
                 ["artifact_id", "version", "body_ciphertext", "attachments"],
                 where="state = 'erased'",
             )
@@ -142,20 +136,23 @@ def curated_agrees_with_silver(
 ) -> AssetCheckResult:
     store = lake.get_lake()
     tenant_id = context.partition_key
-    silver_tables = _tables(store, tenant_id, SILVER)
-    silver: dict[tuple[str, int], str] = {}
-    if silver_tables:
-        rows = _read(silver_tables[0][1], ["artifact_id", "version", "state"]).to_pylist()
-        silver = {(r["artifact_id"], r["version"]): r["state"] for r in rows}
+    silver: dict[tuple[str, int], list[str]] = {}
+    for _, table in _tables(store, tenant_id, SILVER):
+        for r in _read(table, SILVER_CLAIMS, ["artifact_id", "version", "state"]).to_pylist():
+            silver.setdefault((r["artifact_id"], r["version"]), []).append(r["state"])
     checked = failing = 0
     samples: list[str] = []
     for name, table in _tables(store, tenant_id, CURATED):
-        for row in _read(table, ["artifact_id", "version", "state"]).to_pylist():
+        for row in _read(table, GOLD_CURATED, ["artifact_id", "version", "state"]).to_pylist():
             checked += 1
             key = (row["artifact_id"], row["version"])
-            theirs = silver.get(key)
-            retracted = row["state"] in RETRACTED or theirs in RETRACTED
-            if theirs is None or (retracted and theirs != row["state"]):
+            theirs = silver.get(key, [])
+            # One silver row per key; a retract on either side is on both.
+            agrees = len(theirs) == 1 and (
+                theirs[0] == row["state"]
+                or (theirs[0] not in RETRACTED and row["state"] not in RETRACTED)
+            )
+            if not agrees:
                 failing += 1
                 if len(samples) < SAMPLE:
                     samples.append(f"{name} {key[0]}:{key[1]} {row['state']} vs silver {theirs}")
