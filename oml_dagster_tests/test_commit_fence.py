@@ -256,3 +256,18 @@ def test_body_ciphertext_has_no_statistics_in_log_or_parquet(conn, lake, tenant)
                         "body_ciphertext" not in stats.get(k, {})
                         for k in ("minValues", "maxValues", "nullCount")
                     )
+
+
+def test_the_first_batch_creates_every_core_table_so_later_batches_do_not_reread(
+    conn, lake, tenant
+):
+    tree = make_tree(conn, tenant)
+    drain_all(conn, lake)
+    for spec in CORE_TABLES:
+        table = lake.open(lake.table_uri(tenant.tenant_id, spec))
+        assert table is not None and table.transaction_version(APP_ID) > 0, spec.name
+    promoted(conn, tenant, tree.a)
+    first = sequencer.sequence(conn)
+    result = drain_tenant(conn, lake, tenant.tenant_id)
+    assert result.batch_start == first.tenants[tenant.tenant_id].first_seq - 1
+    assert result.ops == 2

@@ -494,8 +494,10 @@ def drain_tenant(
             )
         )
 
-    commit(handles[BRONZE_EVENTS.name], state.bronze.output, keyed=False)
-    commit(handles[GOLD_LINEAGE.name], state.lineage.output, keyed=True)
+    # A tenant's first batch creates every core table, empty ones too: an absent table counts
+    # as txn 0, and would make each later batch re-read the tenant's ops from the start.
+    commit(handles[BRONZE_EVENTS.name], state.bronze.output, keyed=False, create=True)
+    commit(handles[GOLD_LINEAGE.name], state.lineage.output, keyed=True, create=True)
     for workarea_id in sorted(state.curated):
         name = f"{GOLD_CURATED.name}/{workarea_id}"
         handle = handles.get(name) or _handle(lake, tenant_id, GOLD_CURATED, workarea_id)
@@ -503,8 +505,8 @@ def drain_tenant(
         # A validation creates its curated table even when no row qualifies.
         work = state.curated[workarea_id]
         commit(handle, work.output, keyed=True, create=not work.exists)
-    commit(handles[SILVER_CLAIMS.name], state.silver.output, keyed=True)
-    commit(handles[GOLD_AREAS.name], state.areas.output, keyed=True)
+    commit(handles[SILVER_CLAIMS.name], state.silver.output, keyed=True, create=True)
+    commit(handles[GOLD_AREAS.name], state.areas.output, keyed=True, create=True)
     _update_frontier(conn, tenant_id, handles, batch_end)
     return result
 
