@@ -48,7 +48,7 @@ def deployment(tmp_path, dsn, lake, monkeypatch):
             instance.dispose()
 
 
-def backfill(env: dict, partitions: list[str]) -> list[str]:
+def backfill(env: dict, partitions: list[str], job: str = "lake_writer_job") -> list[str]:
     return [
         str(BIN / "dagster"),
         "job",
@@ -56,7 +56,7 @@ def backfill(env: dict, partitions: list[str]) -> list[str]:
         "-w",
         str(REPO / "workspace.yaml"),
         "-j",
-        "lake_writer_job",
+        job,
         "--partitions",
         ",".join(partitions),
         "--noprompt",
@@ -126,6 +126,52 @@ def test_runs_of_one_tenant_never_overlap_while_two_tenants_do(conn, lake, deplo
     drain(conn, reference, [a.tenant_id, b.tenant_id], until_idle=True)
     for work in (a, b):
         assert lake_snapshot(lake, work.tenant_id) == lake_snapshot(reference, work.tenant_id)
+
+
+def test_maintenance_and_drains_of_one_tenant_never_overlap(conn, lake, deployment):
+    """Maintenance jobs are partitioned by tenant too, so the same lease serializes them with
+    the tenant's lake-writer runs."""
+    instance, env, tmp = deployment
+    work = seed_tenant(conn, claims=60)
+    sequencer.sequence(conn)
+    drain(conn, lake, [work.tenant_id], until_idle=True)
+    seed_tenant(conn, work.keys, claims=30)  # more to drain while maintenance is queued
+    sequencer.sequence(conn)
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [work.tenant_id])
+    jobs = ["compact_job", "lake_writer_job", "vacuum_job", "lake_writer_job", "zorder_job"]
+    for job in jobs:
+        done = subprocess.run(
+            backfill(env, [work.tenant_id], job),
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    assert len(instance.get_runs()) == len(jobs)
+
+    daemon = [str(BIN / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")]
+    with background(daemon, env, tmp / "daemon.log"):
+        wait_for(
+            lambda: all(r.status in FINISHED for r in instance.get_runs()),
+            timeout=180,
+            interval=0.5,
+            what="the maintenance and lake-writer runs to finish",
+        )
+    records = instance.get_run_records()
+    assert {r.dagster_run.status for r in records} == {DagsterRunStatus.SUCCESS}, (
+        tmp / "daemon.log"
+    ).read_text()[-3000:]
+    assert sorted(r.dagster_run.job_name for r in records) == sorted(jobs)
+    for i, x in enumerate(records):
+        for y in records[i + 1 :]:
+            assert not overlap(x, y), (
+                f"{x.dagster_run.job_name} and {y.dagster_run.job_name} of one tenant ran at once"
+            )
+    reference = Lake(str(tmp / "reference"))
+    drain(conn, reference, [work.tenant_id], until_idle=True)
+    drain(conn, lake, [work.tenant_id], until_idle=True)
+    assert lake_snapshot(lake, work.tenant_id) == lake_snapshot(reference, work.tenant_id)
 
 
 def test_two_runs_started_outside_the_queue_are_fenced(conn, lake, tmp_path, monkeypatch):
