@@ -37,9 +37,9 @@ from oml_dagster.lake import maintenance, sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
-from oml_dagster.lake.writer import drain_tenant
+from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
-from oml_dagster_tests.helpers import claim, drain_all, make_tree, new_id
+from oml_dagster_tests.helpers import claim, drain_all, make_tree, new_id, promoted
 
 DAY = dt.timedelta(days=1)
 REPO = Path(__file__).resolve().parent.parent
@@ -538,3 +538,39 @@ def test_maintenance_on_an_s3_lake(conn, moto_endpoint):
     assert maintenance.last_checkpoint(lake, silver_uri) is not None
     assert sum(r.log_files_removed for r in results) > 0
     assert snapshot(lake, keys.tenant_id) == rows
+
+
+def test_tables_stay_compact_and_bounded_under_a_long_workload(conn, lake):
+    """Round after round of acts, small-batch drains and the full maintenance cycle: every
+    table's files on storage, live files and log entries stay bounded instead of growing."""
+    keys = producer.create_tenant(conn, erasure_bound=dt.timedelta(seconds=1))
+    tree = make_tree(conn, keys)
+    sizes = []
+    for _ in range(8):
+        made = [promoted(conn, keys, tree.a) for _ in range(6)]
+        acts.demote(conn, keys, made[0])
+        acts.erase(conn, keys, made[1])
+        drain(
+            conn,
+            lake,
+            [keys.tenant_id],
+            until_idle=True,
+            config=WriterConfig(max_batch=4, txn_lag_limit=2),
+        )
+        time.sleep(1.2)
+        maintenance.maintain(conn, lake, keys.tenant_id, "all")
+        on_disk = {}
+        for name, _, uri in tenant_tables(lake, keys.tenant_id):
+            parquet = [
+                f
+                for _, _, files in os.walk(uri)
+                for f in files
+                if f.endswith(".parquet") and "checkpoint" not in f
+            ]
+            logs = [f for f in os.listdir(os.path.join(uri, "_delta_log")) if f.endswith(".json")]
+            on_disk[name] = (len(parquet), len(logs))
+        sizes.append(on_disk)
+    first, last = sizes[1], sizes[-1]
+    for name, (parquet, logs) in last.items():
+        assert parquet <= max(first[name][0], 4), (name, [s[name] for s in sizes])
+        assert logs <= max(first[name][1], 12), (name, [s[name] for s in sizes])
