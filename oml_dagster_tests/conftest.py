@@ -138,3 +138,43 @@ def moto_endpoint(tmp_path_factory) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_lake(moto_endpoint) -> Lake:
+    """A lake root in a fresh bucket on the loopback S3 server."""
+    import boto3
+
+    bucket = f"oml-{uuid.uuid4().hex[:12]}"
+    boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=bucket)
+    options = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ALLOW_HTTP": "true",
+    }
+    return Lake(f"s3://{bucket}/oml-lake", options).checked()
+
+
+@pytest.fixture(scope="module")
+def defs():
+    """The code location's Definitions, loaded once per module."""
+    from oml_dagster.definitions import defs
+
+    return defs
+
+
+@pytest.fixture
+def instance():
+    """A throwaway Dagster instance."""
+    from dagster import instance_for_test
+
+    with instance_for_test() as dagster_instance:
+        yield dagster_instance

@@ -6,8 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pyarrow as pa
-import pytest
-from dagster import AssetKey, instance_for_test
+from dagster import AssetKey
 
 from oml_dagster.defs.checks import LAKE_CHECK_KEYS
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
@@ -35,19 +34,6 @@ NUMERIC = [
     "lag_seconds",
     "txn_version",
 ]
-
-
-@pytest.fixture(scope="module")
-def defs():
-    from oml_dagster.definitions import defs
-
-    return defs
-
-
-@pytest.fixture
-def instance():
-    with instance_for_test() as instance:
-        yield instance
 
 
 def materialize(defs, instance, tenant_id: str) -> dict[str, dict]:

@@ -12,7 +12,6 @@ import time
 import uuid
 from pathlib import Path
 
-import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -501,24 +500,9 @@ def _output_metadata(result, op_name: str) -> dict:
 
 
 @pytest.mark.s3
-def test_maintenance_on_an_s3_lake(conn, moto_endpoint):
+def test_maintenance_on_an_s3_lake(conn, s3_lake):
     """The same steps through the object store: listing, `_last_checkpoint`, VACUUM, cleanup."""
-    bucket = f"oml-{uuid.uuid4().hex[:12]}"
-    options = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_ALLOW_HTTP": "true",
-    }
-    boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    ).create_bucket(Bucket=bucket)
-    lake = Lake(f"s3://{bucket}/oml-lake", options).checked()
+    lake = s3_lake
     keys = producer.create_tenant(conn, erasure_bound=dt.timedelta(seconds=1))
     tree = make_tree(conn, keys)
     for _ in range(3):

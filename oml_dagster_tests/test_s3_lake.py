@@ -4,39 +4,16 @@ skip, and two racing writers are fenced by put-if-absent plus the txn version.""
 from __future__ import annotations
 
 import threading
-import uuid
 
-import boto3
 import psycopg
 import pytest
 
 from oml_dagster.lake.drain import drain
-from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster_tests.helpers import LakeView
 from oml_dagster_tests.test_commit_fence import mixed_workload, snapshot
 
 pytestmark = pytest.mark.s3
-
-
-@pytest.fixture
-def s3_lake(moto_endpoint) -> Lake:
-    bucket = f"oml-{uuid.uuid4().hex[:12]}"
-    boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    ).create_bucket(Bucket=bucket)
-    options = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_ALLOW_HTTP": "true",
-    }
-    return Lake(f"s3://{bucket}/oml-lake", options).checked()
 
 
 def test_s3_lake_equals_a_local_lake_and_replays_skip(conn, lake, tenant, s3_lake):

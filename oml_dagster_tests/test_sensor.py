@@ -4,12 +4,10 @@ none twice for the same batch."""
 
 from __future__ import annotations
 
-import pytest
 from dagster import (
     AssetKey,
     DagsterRunStatus,
     build_sensor_context,
-    instance_for_test,
 )
 from dagster._core.remote_origin import (
     ManagedGrpcPythonEnvCodeLocationOrigin,
@@ -28,19 +26,6 @@ from oml_dagster.simulate import producer
 from .dagster_support import delete_tenant_prefix, more_acts, seed_tenant
 
 OUTBOX = AssetKey(["postgres", "outbox"])
-
-
-@pytest.fixture(scope="module")
-def defs():
-    from oml_dagster.definitions import defs
-
-    return defs
-
-
-@pytest.fixture
-def instance():
-    with instance_for_test() as instance:
-        yield instance
 
 
 def tick(defs, instance):

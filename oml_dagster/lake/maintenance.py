@@ -256,32 +256,26 @@ def _optimize(t: _Table, operation: str, target_size: int | None) -> Maintenance
     before = _live(table)
     version = table.version()
     scope = "live data files"
+
+    def untouched(status: str, detail: str) -> MaintenanceResult:
+        return t.result(
+            operation,
+            status,
+            scope,
+            files_before=len(before),
+            files_after=len(before),
+            version_before=version,
+            version_after=version,
+            live_files=len(before),
+            detail=detail,
+        )
+
     if operation == ZORDER:
         if not t.spec.zorder_by:
-            return t.result(
-                operation,
-                "skipped",
-                scope,
-                files_before=len(before),
-                files_after=len(before),
-                version_before=version,
-                version_after=version,
-                live_files=len(before),
-                detail="no Z-order columns declared",
-            )
+            return untouched("skipped", "no Z-order columns declared")
         if len(before) < 2:
             # One file is as clustered as file skipping can use; rewriting it buys nothing.
-            return t.result(
-                operation,
-                "unchanged",
-                scope,
-                files_before=len(before),
-                files_after=len(before),
-                version_before=version,
-                version_after=version,
-                live_files=len(before),
-                detail="fewer than two files",
-            )
+            return untouched("unchanged", "fewer than two files")
         metrics = table.optimize.z_order(
             list(t.spec.zorder_by),
             target_size=target_size,
