@@ -1,9 +1,10 @@
-"""Drain throughput and memory: writes a mixed workload into a fresh database, then times
-`drain --until-idle` into a fresh local lake.
+"""Drain throughput and memory: `oml-lake simulate` writes a seeded workload (every op, with
+injected bad input) into a fresh database; then `drain --until-idle` into a fresh local lake is
+timed.
 
-    .venv/bin/python bench/drain_bench.py --tenants 4 --claims 2000 --max-batch 1000
+    .venv/bin/python bench/drain_bench.py --tenants 10 --claims 2000 --max-batch 1000
 
-Prints ops/s, batches, the median and worst batch time and peak RSS; results are kept by hand in
+Prints ops/s, batches, the median and worst batch time and peak RSS; results are kept in
 bench/RESULTS.md with the machine and date."""
 
 from __future__ import annotations
@@ -22,36 +23,20 @@ from oml_dagster.lake import db
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.writer import WriterConfig
-from oml_dagster.simulate import acts, producer
+from oml_dagster.simulate import producer
+from oml_dagster.simulate.runner import RunConfig, run
+from oml_dagster.simulate.workload import WorkloadConfig
 
 ADMIN = os.environ.get("OML_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def workload(conn, keys, claims: int) -> None:
-    root, a, b = (str(uuid.uuid4()) for _ in range(3))
-    acts.upsert_area(conn, keys, root, path="u", status="development", parent_id=None)
-    acts.upsert_area(conn, keys, a, path="u.a", status="development", parent_id=root)
-    acts.upsert_area(conn, keys, b, path="u.b", status="development", parent_id=root)
-    made = []
-    for i in range(claims):
-        c = acts.Claim(str(uuid.uuid4()), 1, a if i % 2 else b, "u.a")
-        acts.promote(conn, keys, c, os.urandom(512))
-        made.append(c)
-        if i % 10 == 3:
-            acts.demote(conn, keys, made[i - 1])
-        if i % 25 == 7:
-            acts.erase(conn, keys, made[i - 2])
-        if i % 20 == 5:
-            acts.ratify(
-                conn, keys, acts.Edge(str(uuid.uuid4()), c.artifact_id, made[0].artifact_id)
-            )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tenants", type=int, default=4)
+    parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--claims", type=int, default=2000)
     parser.add_argument("--max-batch", type=int, default=1000)
+    parser.add_argument("--bad-ratio", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
     name = f"oml_bench_{uuid.uuid4().hex[:8]}"
@@ -65,8 +50,8 @@ def main() -> None:
             db.upgrade(conn)
             producer.ensure_schema(conn)
             started = time.perf_counter()
-            for _ in range(args.tenants):
-                workload(conn, producer.create_tenant(conn), args.claims)
+            workload = WorkloadConfig(args.tenants, args.claims, args.seed, args.bad_ratio)
+            run(dsn, workload, RunConfig(writers=2))
             ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
             written = time.perf_counter() - started
 
@@ -85,11 +70,15 @@ def main() -> None:
             passes = drain(conn, lake, until_idle=True, config=config, on_pass=on_pass)
             drained = time.perf_counter() - started
             batches = sum(len(p.batches) for p in passes)
+            refused = conn.execute("SELECT count(*) FROM oml.lake_dead_letter").fetchone()[0]
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             print(
-                f"workload: {args.tenants} tenants x {args.claims} claims = {ops} outbox rows, written in {written:.1f}s"
+                f"workload: {args.tenants} tenants x {args.claims} claims = {ops} outbox rows"
+                f" (simulate, seed {args.seed}, bad ratio {args.bad_ratio}), written in {written:.1f}s"
             )
-            print(f"drain: {drained:.1f}s, {ops / drained:,.0f} ops/s, {batches} batches")
+            print(
+                f"drain: {drained:.1f}s, {ops / drained:,.0f} ops/s, {batches} batches, {refused} dead letters"
+            )
             print(f"batch time: median {statistics.median(times):.3f}s, worst {max(times):.3f}s")
             print(f"peak RSS: {rss:.0f} MiB")
     finally:

@@ -16,6 +16,7 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[test]"
 "$VENV/bin/python" -m pip check
-"$VENV/bin/ruff" check oml_dagster oml_dagster_tests bench
+"$VENV/bin/ruff" check oml_dagster oml_dagster_tests bench deploy
+"$VENV/bin/ruff" format --check --quiet oml_dagster oml_dagster_tests bench deploy
 export PATH="$PWD/$VENV/bin:$PATH"
 exec "$VENV/bin/python" -m pytest "$@"
