@@ -34,7 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--claims", type=int, default=2000)
-    parser.add_argument("--max-batch", type=int, default=1000)
+    parser.add_argument("--max-batch", type=int, default=5000)
     parser.add_argument("--bad-ratio", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()

@@ -56,9 +56,7 @@ def cmd_sequence(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
-    config = WriterConfig(
-        max_batch=args.max_batch, txn_lag_limit=min(args.max_batch // 2, 500) or 1
-    )
+    config = WriterConfig(max_batch=args.max_batch, txn_lag_limit=max(args.max_batch // 2, 1))
 
     with db.connect(autocommit=True) as conn:
 
@@ -143,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("drain", help="sequence and apply batches to the lake")
     dr.add_argument("--tenant", action="append", help="drain this tenant (repeatable)")
     dr.add_argument("--until-idle", action="store_true", help="pass after pass until nothing moves")
-    dr.add_argument("--max-batch", type=int, default=1000, help="ops per tenant batch")
+    dr.add_argument(
+        "--max-batch", type=int, default=WriterConfig.max_batch, help="ops per tenant batch"
+    )
     dr.set_defaults(func=cmd_drain)
 
     dl = sub.add_parser("deadletter", help="refused ops").add_subparsers(

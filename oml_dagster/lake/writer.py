@@ -63,10 +63,10 @@ DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
 
 @dataclass(frozen=True)
 class WriterConfig:
-    max_batch: int = 1000
+    max_batch: int = 5000
     # A table with nothing to change gets a txn-only commit once this many of the tenant's ops
     # lie between its txn version and the batch end. Must stay below max_batch.
-    txn_lag_limit: int = 500
+    txn_lag_limit: int = 2500
     max_commit_attempts: int = 8
 
     def __post_init__(self):
