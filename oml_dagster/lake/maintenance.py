@@ -360,7 +360,8 @@ def _verify(t: _Table, expected: tuple, after: str) -> None:
 def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceResult:
     """Checkpoint when the last checkpoint is CHECKPOINT_INTERVAL or more versions behind, or
     when commits after it have already outlived the bound (log cleanup needs a checkpoint past
-    them before it may delete them)."""
+    them before it may delete them), the latest commit included: an idle table's log then ends
+    in a checkpoint too."""
     started = time.monotonic()
     table = t.open()
     version = table.version()
@@ -371,7 +372,7 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
     expired_after_last = [
         v
         for v in listing.log_versions("json")
-        if (last if last is not None else -1) < v < version
+        if (last if last is not None else -1) < v <= version
         and (mtime := listing.log[f"{v:020d}.json"][1]) is not None
         and mtime <= cutoff
     ]
