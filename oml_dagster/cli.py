@@ -4,12 +4,14 @@ OML_LAKE_URI, OML_LAKE_STORAGE_OPTIONS."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import getpass
 import json
 import sys
 
 from .lake import db, deadletter, maintenance_cli, sequencer
 from .lake.drain import DrainPass, drain
+from .lake.erasure import erasure_evidence
 from .lake.errors import LakeError
 from .lake.storage import Lake
 from .lake.writer import WriterConfig, lag
@@ -98,6 +100,40 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_erasure_evidence(args: argparse.Namespace) -> int:
+    lake = Lake.from_env()
+    cadence = dt.timedelta(hours=args.cadence_hours)
+    breached = False
+    with db.connect(autocommit=True) as conn:
+        tenants = args.tenant or [
+            t
+            for (t,) in conn.execute(
+                "SELECT tenant_id::text FROM oml.tenant_policy ORDER BY tenant_id"
+            )
+        ]
+        for tenant_id in tenants:
+            evidence = erasure_evidence(conn, lake, tenant_id, cadence=cadence)
+            verdict = "holds" if evidence.ok else "BREACHED"
+            _print(
+                f"tenant {tenant_id}: erasure SLO {verdict} (bound {evidence.bound}, cadence "
+                f"{cadence}; data files within {evidence.data_deadline} of supersession)"
+            )
+            for t in evidence.tables:
+                _print(
+                    f"  {t.table}: {t.erased_rows} erased rows ({t.erased_rows_with_body} with a "
+                    f"body), {t.live_files} live files, {t.unreferenced_files} unreferenced, "
+                    f"{len(t.overdue_files)} overdue, {len(t.overdue_log_entries)} overdue log entries"
+                )
+            _print(
+                f"  erases: {len(evidence.pending_erases)} pending, "
+                f"{len(evidence.dead_lettered_erases)} dead-lettered"
+            )
+            for finding in evidence.findings():
+                _print(f"  finding: {finding}")
+            breached |= not evidence.ok
+    return 1 if breached else 0
+
+
 def cmd_deadletter_list(args: argparse.Namespace) -> int:
     with db.connect(autocommit=True) as conn:
         letters = deadletter.list_dead_letters(conn, args.tenant, include_requeued=args.all)
@@ -145,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-batch", type=int, default=WriterConfig.max_batch, help="ops per tenant batch"
     )
     dr.set_defaults(func=cmd_drain)
+
+    ev = sub.add_parser("erasure-evidence", help="whether erased bodies left the lake in time")
+    ev.add_argument("--tenant", action="append", help="this tenant (repeatable; default all)")
+    ev.add_argument(
+        "--cadence-hours",
+        type=float,
+        default=24,
+        help="maintenance cadence allowed on top of the bound",
+    )
+    ev.set_defaults(func=cmd_erasure_evidence)
 
     dl = sub.add_parser("deadletter", help="refused ops").add_subparsers(
         dest="dl_command", required=True

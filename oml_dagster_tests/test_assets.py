@@ -150,13 +150,15 @@ def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):
     # A backfill or a UI run: drain, then check.
     result = job.execute_in_process(partition_key=work.tenant_id, instance=instance)
     evaluations = result.get_asset_check_evaluations()
-    assert len(evaluations) == 8
+    assert len(evaluations) == 9
     assert all(e.passed for e in evaluations), [(e.check_name, e.metadata) for e in evaluations]
     assert {e.partition for e in evaluations} == {work.tenant_id}
     by_name = {(e.asset_key.to_user_string(), e.check_name): e for e in evaluations}
     assert (
         by_name[("silver/claims", "erased_rows_carry_no_body")].metadata["erased_rows"].value == 1
     )
+    slo = by_name[("silver/claims", "erasure_slo_holds")].metadata
+    assert slo["erased_rows"].value == 1 and slo["overdue_files"].value == 0
     assert by_name[("bronze/events", "tenant_id_matches_partition")].metadata[
         "rows_checked"
     ].value == (12)
@@ -206,5 +208,6 @@ def test_the_checks_fail_on_a_corrupted_table(conn, lake, defs, instance):
     assert failed == {
         ("silver/claims", "tenant_id_matches_partition"),
         ("silver/claims", "erased_rows_carry_no_body"),
+        ("silver/claims", "erasure_slo_holds"),  # an erased row keeps a body
         ("gold/curated", "curated_agrees_with_silver"),
     }

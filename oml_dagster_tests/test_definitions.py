@@ -48,6 +48,7 @@ EXPECTED_CHECKS = {
     ("silver/claims", "erased_rows_carry_no_body"),
     ("gold/curated", "erased_rows_carry_no_body"),
     ("gold/curated", "curated_agrees_with_silver"),
+    ("silver/claims", "erasure_slo_holds"),
 }
 
 

@@ -17,6 +17,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from oml_dagster.lake import maintenance
+from oml_dagster.lake.erasure import erasure_evidence
 from oml_dagster.lake.storage import Lake, conform, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, GOLD_CURATED, SILVER_CLAIMS, TableSpec
 from oml_dagster.simulate import acts, producer
@@ -189,3 +190,86 @@ def test_log_cleanup_keeps_the_latest_version_and_ends_time_travel(conn, lake):
     drain_all(conn, lake)
     silver = read_rows(lake.open(silver_uri), SILVER_CLAIMS)
     assert sorted(r["artifact_id"] for r in silver) == sorted(c.artifact_id for c in [*made, late])
+
+
+CADENCE = dt.timedelta(seconds=1)
+
+
+def test_erasure_evidence_fails_until_vacuum_then_holds(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    made = [claim(tree.a) for _ in range(3)]
+    for c in made:
+        acts.promote(conn, keys, c, b"secret " + c.artifact_id.encode())
+        drain_all(conn, lake)
+    acts.validate_area(conn, keys, tree.a)
+    drain_all(conn, lake)
+    fresh = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert fresh.ok, fresh.findings()
+
+    acts.erase(conn, keys, made[0])
+    drain_all(conn, lake)
+    just_erased = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert just_erased.ok, "superseded copies younger than bound + cadence are within the SLO"
+    silver = next(t for t in just_erased.tables if t.table == SILVER_CLAIMS.name)
+    assert silver.erased_rows == 1 and silver.erased_rows_with_body == 0
+    assert silver.unreferenced_files >= 1
+
+    time.sleep((BOUND + CADENCE).total_seconds() + 0.5)
+    overdue = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert not overdue.ok
+    assert any("silver.claims" in f and "unreferenced data files" in f for f in overdue.findings())
+    assert any(f"gold.curated/{tree.a}" in f for f in overdue.findings())
+
+    maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    after = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert after.ok, after.findings()
+
+
+def test_erasure_evidence_reports_dead_lettered_and_waiting_erases(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    held = claim(tree.a)
+    acts.promote(conn, keys, held, b"kept")
+    ghost = claim(tree.a)  # never promoted: its erase is refused
+    acts.erase(conn, keys, ghost)
+    drain_all(conn, lake)
+    evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert not evidence.ok
+    ((seq, artifact_id, reason),) = evidence.dead_lettered_erases
+    assert artifact_id == ghost.artifact_id and "does not hold" in reason
+    assert any(
+        f"erase of {ghost.artifact_id} dead-lettered at seq {seq}" in f for f in evidence.findings()
+    )
+
+    conn.execute("UPDATE oml.lake_dead_letter SET requeued_at = now(), requeued_by = 'test'")
+    acts.erase(conn, keys, held)  # written, not drained
+    waiting = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert [p[1] for p in waiting.pending_erases] == [held.artifact_id]
+    assert waiting.ok, "an erase younger than bound + cadence is still within the SLO"
+    later = dt.datetime.now(dt.UTC) + BOUND + CADENCE + dt.timedelta(seconds=1)
+    late = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=later)
+    assert not late.ok and any(f"erase of {held.artifact_id}" in f for f in late.findings())
+    drain_all(conn, lake)
+    assert erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE).pending_erases == []
+
+
+def test_erasure_evidence_command_exits_nonzero_on_a_breach(conn, dsn, lake):
+    import subprocess
+    import sys
+
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    acts.erase(conn, keys, claim(tree.a))
+    drain_all(conn, lake)
+    env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": lake.root}
+    done = subprocess.run(
+        [sys.executable, "-m", "oml_dagster.cli", "erasure-evidence", "--tenant", keys.tenant_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"tenant {keys.tenant_id}: erasure SLO BREACHED" in done.stdout
+    assert "dead-lettered at seq" in done.stdout

@@ -323,7 +323,7 @@ def test_retention_properties_follow_the_policy(conn, lake, tenant):
     small_batches(conn, lake, tenant, claims=4)
     maintenance.compact(lake, tenant.tenant_id)
     superseded = {
-        name: len(maintenance._list(lake, uri).data) - len(lake.open(uri).file_uris())
+        name: len(maintenance.list_files(lake, uri).data) - len(lake.open(uri).file_uris())
         for name, _, uri in tenant_tables(lake, tenant.tenant_id)
     }
     results = maintenance.vacuum(conn, lake, tenant.tenant_id)

@@ -6,6 +6,7 @@ cost stays one batch); the reconcile schedule runs them alone, per tenant, in th
 (under the same lease), and a backfill or a run from the UI runs them after the drain.
 """
 
+import datetime as dt
 import warnings
 
 import pyarrow as pa
@@ -26,13 +27,14 @@ from dagster import (
 )
 from deltalake import DeltaTable
 
+from oml_dagster.lake.erasure import erasure_evidence
 from oml_dagster.lake.storage import Lake, query, tenant_tables
 from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS, TableSpec
 
 from .assets import CURATED, SILVER, TABLE_OF
 from .jobs import LAKE_ASSET_KEYS, lake_writer_job
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import LakeResource, settings
+from .resources import LakeResource, PostgresResource, settings
 
 # Checks stored per tenant partition need `partitions_def`, which this Dagster release flags as a
 # preview; the warning is known and accepted here.
@@ -162,11 +164,45 @@ def curated_agrees_with_silver(
     )
 
 
+@asset_check(
+    asset=SILVER,
+    name="erasure_slo_holds",
+    partitions_def=tenant_partitions,
+    additional_deps=[CURATED],
+    description=(
+        "Erasure evidence: no erased row keeps a body; no superseded or orphan data file of silver "
+        "or a curated table is older than the tenant's erasure bound + one maintenance cadence; "
+        "no erase is dead-lettered or waiting past that."
+    ),
+)
+def erasure_slo_holds(
+    context: AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> AssetCheckResult:
+    cadence = dt.timedelta(seconds=settings.erasure_cadence_seconds)
+    with postgres.connect() as conn:
+        evidence = erasure_evidence(conn, lake.get_lake(), context.partition_key, cadence=cadence)
+    return AssetCheckResult(
+        passed=evidence.ok,
+        metadata={
+            "erasure_bound_seconds": evidence.bound.total_seconds(),
+            "cadence_seconds": cadence.total_seconds(),
+            "erased_rows": sum(t.erased_rows for t in evidence.tables),
+            "unreferenced_files": sum(t.unreferenced_files for t in evidence.tables),
+            "overdue_files": sum(len(t.overdue_files) for t in evidence.tables),
+            "overdue_log_entries": sum(len(t.overdue_log_entries) for t in evidence.tables),
+            "dead_lettered_erases": len(evidence.dead_lettered_erases),
+            "pending_erases": len(evidence.pending_erases),
+            "findings": evidence.findings()[:SAMPLE],
+        },
+    )
+
+
 LAKE_CHECKS: list[AssetChecksDefinition] = [
     *(_tenant_check(key) for key in LAKE_ASSET_KEYS),
     _erased_check(SILVER),
     _erased_check(CURATED),
     curated_agrees_with_silver,
+    erasure_slo_holds,
 ]
 LAKE_CHECK_KEYS: list[AssetCheckKey] = [key for c in LAKE_CHECKS for key in c.check_keys]
 

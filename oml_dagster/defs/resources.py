@@ -60,12 +60,15 @@ class DeploymentSettings:
     """How the code location runs its automation, from the environment:
     OML_SENSOR_INTERVAL_SECONDS (outbox sensor tick, default 30), OML_DAGSTER_AUTOSTART=1 (sensor
     and schedules start RUNNING instead of STOPPED), OML_RECONCILE_CRON and
-    OML_SCHEDULE_TIMEZONE (the reconciler's schedule)."""
+    OML_SCHEDULE_TIMEZONE (the reconciler's schedule), OML_ERASURE_CADENCE_SECONDS (the
+    maintenance cadence the erasure check allows on top of the bound, default a day)."""
 
     sensor_interval_seconds: int = 30
     autostart: bool = False
     reconcile_cron: str = "30 5 * * *"
     schedule_timezone: str = "UTC"
+    # The maintenance cadence the erasure check allows on top of the bound (a daily VACUUM).
+    erasure_cadence_seconds: int = 86400
 
     @classmethod
     def from_env(cls) -> DeploymentSettings:
@@ -75,6 +78,7 @@ class DeploymentSettings:
             autostart=env.get("OML_DAGSTER_AUTOSTART", "") in ("1", "true", "yes"),
             reconcile_cron=env.get("OML_RECONCILE_CRON", "30 5 * * *"),
             schedule_timezone=env.get("OML_SCHEDULE_TIMEZONE", "UTC"),
+            erasure_cadence_seconds=int(env.get("OML_ERASURE_CADENCE_SECONDS", "86400")),
         )
 
 

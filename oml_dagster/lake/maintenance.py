@@ -151,9 +151,10 @@ def _size(n: float) -> str:
 
 
 @dataclass(frozen=True)
-class _Listing:
+class Listing:
     data: dict[str, int]  # path relative to the table root -> size; everything outside the log
     log: dict[str, tuple[int, dt.datetime | None]]  # name in _delta_log -> (size, mtime)
+    data_mtime: dict[str, dt.datetime | None]  # path relative to the table root -> mtime
 
     def log_versions(self, kind: str) -> list[int]:
         found = []
@@ -168,8 +169,10 @@ def _filesystem(lake: Lake, uri: str) -> pafs.FileSystem:
     return pafs.PyFileSystem(DeltaStorageHandler(uri, lake.storage_options or None))
 
 
-def _list(lake: Lake, uri: str) -> _Listing:
+def list_files(lake: Lake, uri: str) -> Listing:
+    """Every file under a table's root, data and log, with sizes and modification times."""
     data: dict[str, int] = {}
+    data_mtime: dict[str, dt.datetime | None] = {}
     log: dict[str, tuple[int, dt.datetime | None]] = {}
     infos = _filesystem(lake, uri).get_file_info(pafs.FileSelector("", recursive=True))
     for info in infos:
@@ -180,7 +183,8 @@ def _list(lake: Lake, uri: str) -> _Listing:
             log[path[len(LOG_DIR) + 1 :]] = (info.size or 0, info.mtime)
         else:
             data[path] = info.size or 0
-    return _Listing(data, log)
+            data_mtime[path] = info.mtime
+    return Listing(data, log, data_mtime)
 
 
 def last_checkpoint(lake: Lake, uri: str) -> int | None:
@@ -193,7 +197,8 @@ def last_checkpoint(lake: Lake, uri: str) -> int | None:
         return int(json.loads(f.read())["version"])
 
 
-def _live(table: DeltaTable) -> dict[str, int]:
+def live_files(table: DeltaTable) -> dict[str, int]:
+    """The data files the table's version references: path -> size."""
     actions = pa.table(table.get_add_actions(flatten=True))
     return dict(
         zip(
@@ -253,7 +258,7 @@ class _Table:
 def _optimize(t: _Table, operation: str, target_size: int | None) -> MaintenanceResult:
     started = time.monotonic()
     table = t.open()
-    before = _live(table)
+    before = live_files(table)
     version = table.version()
     scope = "live data files"
 
@@ -290,7 +295,7 @@ def _optimize(t: _Table, operation: str, target_size: int | None) -> Maintenance
             commit_properties=_commit_properties(t.tenant_id, operation),
             post_commithook_properties=_HOOKS,
         )
-    after = _live(t.open())
+    after = live_files(t.open())
     added, removed = (
         int(metrics.get("numFilesAdded") or 0),
         int(metrics.get("numFilesRemoved") or 0),
@@ -343,7 +348,7 @@ def _sync_properties(t: _Table, bound_seconds: int) -> MaintenanceResult | None:
 
 
 def _state(table: DeltaTable) -> tuple[int, dict[str, int], int | None]:
-    return table.version(), _live(table), table.transaction_version(APP_ID)
+    return table.version(), live_files(table), table.transaction_version(APP_ID)
 
 
 def _verify(t: _Table, expected: tuple, after: str) -> None:
@@ -365,7 +370,7 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
     started = time.monotonic()
     table = t.open()
     version = table.version()
-    listing = _list(t.lake, t.uri)
+    listing = list_files(t.lake, t.uri)
     last = last_checkpoint(t.lake, t.uri)
     behind = version - (last if last is not None else -1)
     cutoff = now - dt.timedelta(seconds=bound_seconds)
@@ -386,7 +391,7 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
             files_after=len(listing.log),
             version_before=version,
             version_after=version,
-            live_files=len(_live(table)),
+            live_files=len(live_files(table)),
             checkpoint_version=last,
             duration_seconds=time.monotonic() - started,
             detail=f"{behind} versions since the last checkpoint",
@@ -395,7 +400,7 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
     # delta-rs also expires log entries here, as its post-commit checkpoints do.
     table.create_checkpoint()
     _verify(t, state, "checkpoint")
-    after = _list(t.lake, t.uri)
+    after = list_files(t.lake, t.uri)
     removed = sorted(set(listing.log) - set(after.log))
     reason = (
         f"{behind} versions since the last checkpoint"
@@ -429,7 +434,7 @@ def _vacuum(t: _Table) -> MaintenanceResult:
     started = time.monotonic()
     table = t.open()
     version = table.version()
-    before = _list(t.lake, t.uri)
+    before = list_files(t.lake, t.uri)
     deleted = table.vacuum(
         retention_hours=None,
         dry_run=False,
@@ -437,9 +442,9 @@ def _vacuum(t: _Table) -> MaintenanceResult:
         commit_properties=_commit_properties(t.tenant_id, VACUUM),
         post_commithook_properties=_HOOKS,
     )
-    after = _list(t.lake, t.uri)
+    after = list_files(t.lake, t.uri)
     fresh = t.open()
-    live = _live(fresh)
+    live = live_files(fresh)
     missing = sorted(set(live) - set(after.data))
     if missing:
         raise MaintenanceDamage(
@@ -470,10 +475,10 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
     table = t.open()
     state = _state(table)
     version, live = state[0], state[1]
-    before = _list(t.lake, t.uri)
+    before = list_files(t.lake, t.uri)
     table.cleanup_metadata()
     _verify(t, state, "log cleanup")
-    after = _list(t.lake, t.uri)
+    after = list_files(t.lake, t.uri)
     removed = sorted(set(before.log) - set(after.log))
     readable = after.log_versions("checkpoint")
     if f"{0:020d}.json" in after.log:
