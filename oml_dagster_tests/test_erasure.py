@@ -273,3 +273,28 @@ def test_erasure_evidence_command_exits_nonzero_on_a_breach(conn, dsn, lake):
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"tenant {keys.tenant_id}: erasure SLO BREACHED" in done.stdout
     assert "dead-lettered at seq" in done.stdout
+
+
+def test_a_superseded_file_ages_from_its_removal_not_its_writing(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    c = claim(tree.a)
+    acts.promote(conn, keys, c, b"old body")
+    drain_all(conn, lake)
+    silver_uri = Path(lake.table_uri(keys.tenant_id, SILVER_CLAIMS))
+    long_ago = time.time() - 86400
+    for f in silver_uri.glob("*.parquet"):
+        os.utime(f, (long_ago, long_ago))  # written a day ago
+    acts.erase(conn, keys, c)
+    drain_all(conn, lake)
+    evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    silver = next(t for t in evidence.tables if t.table == SILVER_CLAIMS.name)
+    assert silver.unreferenced_files >= 1
+    assert silver.overdue_files == [], "removed just now: within the bound"
+    # An orphan (no tombstone) that old is overdue.
+    orphan = silver_uri / "part-00000-orphan-c000.snappy.parquet"
+    orphan.write_bytes(b"PAR1")
+    os.utime(orphan, (long_ago, long_ago))
+    evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    silver = next(t for t in evidence.tables if t.table == SILVER_CLAIMS.name)
+    assert silver.overdue_files == [orphan.name]

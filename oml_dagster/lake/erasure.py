@@ -16,11 +16,14 @@ cadence. Evidence is read from storage and Postgres, never from keys (the writer
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 import psycopg
+import pyarrow.parquet as pq
 
-from .maintenance import last_checkpoint, list_files, live_files
+from .maintenance import LOG_DIR, filesystem, last_checkpoint, list_files, live_files
 from .storage import Lake, query, tenant_tables
 from .tables import APP_ID, GOLD_CURATED, SILVER_CLAIMS
 from .writer import erasure_bound
@@ -95,6 +98,34 @@ class ErasureEvidence:
         return out
 
 
+def _removed_at(lake: Lake, uri: str, log_names) -> dict[str, dt.datetime]:
+    """When each data file was removed from the table (its tombstone's deletionTimestamp), from
+    the commits and the checkpoint still in the log. A superseded file's VACUUM retention counts
+    from then, not from when the file was written."""
+    fs = filesystem(lake, uri)
+    stamps: dict[str, int] = {}
+
+    def note(path: str | None, millis: int | None) -> None:
+        if path and millis is not None:
+            key = unquote(path)
+            stamps[key] = max(stamps.get(key, 0), int(millis))
+
+    for name in log_names:
+        if name.endswith(".json") and name[:20].isdigit():
+            with fs.open_input_stream(f"{LOG_DIR}/{name}") as f:
+                for line in f.read().decode().splitlines():
+                    remove = json.loads(line).get("remove") if line.strip() else None
+                    if remove:
+                        note(remove.get("path"), remove.get("deletionTimestamp"))
+        elif name.endswith(".checkpoint.parquet"):
+            with fs.open_input_file(f"{LOG_DIR}/{name}") as f:
+                removes = pq.read_table(f, columns=["remove"]).column("remove").to_pylist()
+            for remove in removes:
+                if remove:
+                    note(remove.get("path"), remove.get("deletionTimestamp"))
+    return {p: dt.datetime.fromtimestamp(ms / 1000, dt.UTC) for p, ms in stamps.items()}
+
+
 def _table_evidence(
     lake: Lake,
     name: str,
@@ -110,10 +141,14 @@ def _table_evidence(
     live = live_files(table)
     listing = list_files(lake, uri)
     unreferenced = [p for p in listing.data if p not in live and p.endswith(".parquet")]
+    removed = _removed_at(lake, uri, listing.log)
+    # A superseded file ages from its removal; an orphan (or a tombstone the log no longer
+    # keeps, which is older than the retention) from its writing.
     overdue = sorted(
         p
         for p in unreferenced
-        if (mtime := listing.data_mtime.get(p)) is not None and mtime < now - data_deadline
+        if (since := removed.get(p) or listing.data_mtime.get(p)) is not None
+        and since < now - data_deadline
     )
     checkpoint = last_checkpoint(lake, uri)
     overdue_log = sorted(

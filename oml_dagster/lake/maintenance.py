@@ -165,7 +165,8 @@ class Listing:
         return sorted(found)
 
 
-def _filesystem(lake: Lake, uri: str) -> pafs.FileSystem:
+def filesystem(lake: Lake, uri: str) -> pafs.FileSystem:
+    """The table's root as a pyarrow filesystem, through delta-rs's object store."""
     return pafs.PyFileSystem(DeltaStorageHandler(uri, lake.storage_options or None))
 
 
@@ -174,7 +175,7 @@ def list_files(lake: Lake, uri: str) -> Listing:
     data: dict[str, int] = {}
     data_mtime: dict[str, dt.datetime | None] = {}
     log: dict[str, tuple[int, dt.datetime | None]] = {}
-    infos = _filesystem(lake, uri).get_file_info(pafs.FileSelector("", recursive=True))
+    infos = filesystem(lake, uri).get_file_info(pafs.FileSelector("", recursive=True))
     for info in infos:
         if info.type != pafs.FileType.File:
             continue
@@ -189,7 +190,7 @@ def list_files(lake: Lake, uri: str) -> Listing:
 
 def last_checkpoint(lake: Lake, uri: str) -> int | None:
     """The version `_delta_log/_last_checkpoint` names, or None when there is no checkpoint."""
-    fs = _filesystem(lake, uri)
+    fs = filesystem(lake, uri)
     path = f"{LOG_DIR}/_last_checkpoint"
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
