@@ -18,15 +18,15 @@ from pathlib import Path
 
 import psycopg
 
-from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
+from oml_dagster.lake.storage import Lake, tenant_tables
 from oml_dagster.simulate import acts, producer
 
 from .conftest import ADMIN_DSN
+from .helpers import lake_snapshot  # noqa: F401  (the Dagster tests import it from here)
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # Columns a drain stamps with its own clock: two drains of the same ops differ there only.
-DRAIN_TIME_COLUMNS = ("curated_at",)
 
 
 @dataclass
@@ -84,18 +84,6 @@ def more_acts(conn: psycopg.Connection, work: Workload, n: int = 2) -> None:
         claim = acts.Claim(str(uuid.uuid4()), 1, work.areas[0], "root")
         acts.promote(conn, work.keys, claim, f"more {i}".encode())
         work.claims.append(claim)
-
-
-def lake_snapshot(lake: Lake, tenant_id: str) -> dict[str, list[dict]]:
-    """Every table of the tenant as sorted rows, without the drain-time columns."""
-    snapshot = {}
-    for name, spec, uri in tenant_tables(lake, tenant_id):
-        rows = [
-            {k: v for k, v in row.items() if k not in DRAIN_TIME_COLUMNS}
-            for row in read_rows(lake.open(uri), spec)
-        ]
-        snapshot[name] = sorted(rows, key=repr)
-    return snapshot
 
 
 def table_versions(lake: Lake, tenant_id: str) -> dict[str, int]:

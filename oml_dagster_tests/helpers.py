@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 
 from oml_dagster.lake.drain import drain
+from oml_dagster.lake.storage import read_rows, tenant_tables
 from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_AREAS, GOLD_LINEAGE, SILVER_CLAIMS
 from oml_dagster.simulate import acts
 from oml_dagster_tests.conftest import by_key, table_rows
@@ -82,3 +83,19 @@ def dead_letters(conn) -> dict[int, tuple[str, str]]:
             "SELECT seq, op, reason FROM oml.lake_dead_letter ORDER BY seq"
         )
     }
+
+
+# Columns a drain stamps with its own clock: equal lakes may differ there.
+DRAIN_TIME_COLUMNS = ("curated_at",)
+
+
+def lake_snapshot(lake, tenant_id: str) -> dict[str, list[dict]]:
+    """Every existing table of the tenant as rows in a stable order, without drain-time columns."""
+    snapshot = {}
+    for name, spec, uri in tenant_tables(lake, tenant_id):
+        rows = [
+            {k: v for k, v in row.items() if k not in DRAIN_TIME_COLUMNS}
+            for row in read_rows(lake.open(uri), spec)
+        ]
+        snapshot[name] = sorted(rows, key=repr)
+    return snapshot

@@ -17,11 +17,17 @@ from oml_dagster.lake import sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.errors import InconsistentFrontier
 from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.tables import APP_ID, CORE_TABLES, GOLD_AREAS, GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.tables import APP_ID, CORE_TABLES, GOLD_AREAS, SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts
-from oml_dagster_tests.conftest import table_rows
-from oml_dagster_tests.helpers import LakeView, drain_all, make_tree, new_id, promoted
+from oml_dagster_tests.helpers import (
+    LakeView,
+    drain_all,
+    lake_snapshot,
+    make_tree,
+    new_id,
+    promoted,
+)
 
 
 def mixed_workload(conn, keys, claims: int = 12) -> None:
@@ -44,25 +50,6 @@ def mixed_workload(conn, keys, claims: int = 12) -> None:
     acts.reparent_area(conn, keys, tree.a1, tree.b, "u.b.a1")
 
 
-def snapshot(lake: Lake, tenant_id: str) -> dict:
-    """Every table's rows, order-free; curated_at is wall clock and left out."""
-    out = {}
-    for spec in CORE_TABLES:
-        rows = table_rows(lake, tenant_id, spec)
-        out[spec.name] = sorted(json.dumps(r, default=repr, sort_keys=True) for r in rows)
-    areas = table_rows(lake, tenant_id, GOLD_AREAS)
-    for area in areas:
-        if area["status"] == "validated":
-            rows = [
-                {k: v for k, v in r.items() if k != "curated_at"}
-                for r in table_rows(lake, tenant_id, GOLD_CURATED, area["workarea_id"])
-            ]
-            out[area["workarea_id"]] = sorted(
-                json.dumps(r, default=repr, sort_keys=True) for r in rows
-            )
-    return out
-
-
 def versions(lake: Lake, tenant_id: str) -> dict:
     tables = {spec.name: lake.open(lake.table_uri(tenant_id, spec)) for spec in CORE_TABLES}
     return {name: table.version() if table is not None else None for name, table in tables.items()}
@@ -71,11 +58,14 @@ def versions(lake: Lake, tenant_id: str) -> dict:
 def test_replaying_a_committed_batch_changes_nothing(conn, lake, tenant):
     mixed_workload(conn, tenant)
     drain_all(conn, lake)
-    before, before_versions = snapshot(lake, tenant.tenant_id), versions(lake, tenant.tenant_id)
+    before, before_versions = (
+        lake_snapshot(lake, tenant.tenant_id),
+        versions(lake, tenant.tenant_id),
+    )
     for _ in range(3):
         result = drain_tenant(conn, lake, tenant.tenant_id)
         assert not result.committed
-    assert snapshot(lake, tenant.tenant_id) == before
+    assert lake_snapshot(lake, tenant.tenant_id) == before
     assert versions(lake, tenant.tenant_id) == before_versions
 
 
@@ -130,7 +120,7 @@ def test_a_writer_that_loses_the_race_reloads_and_skips(conn, lake, tenant, dsn)
 
     reference = Lake(lake.root + "-reference")
     drain(conn, reference, [tenant.tenant_id], until_idle=True)
-    assert snapshot(lake, tenant.tenant_id) == snapshot(reference, tenant.tenant_id)
+    assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
 
 
 @pytest.mark.parametrize("round_", range(3))
@@ -162,7 +152,7 @@ def test_two_writers_racing_on_one_tenant_never_duplicate_or_lose(conn, lake, te
     assert sorted(r["journal_seq"] for r in bronze) == list(range(1, journal + 1))
     reference = Lake(lake.root + "-reference")
     drain(conn, reference, [tenant.tenant_id], until_idle=True)
-    assert snapshot(lake, tenant.tenant_id) == snapshot(reference, tenant.tenant_id)
+    assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
 
 
 def test_a_table_with_nothing_to_change_gets_a_txn_only_commit_when_it_lags(conn, lake, tenant):

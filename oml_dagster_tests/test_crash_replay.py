@@ -16,8 +16,8 @@ import pytest
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.simulate import producer
-from oml_dagster_tests.helpers import LakeView
-from oml_dagster_tests.test_commit_fence import mixed_workload, snapshot
+from oml_dagster_tests.helpers import LakeView, lake_snapshot
+from oml_dagster_tests.test_commit_fence import mixed_workload
 
 # Dies at its k-th table commit: SIGKILL from inside, between fold and commit or between tables.
 _KILL_AT_COMMIT = """
@@ -57,7 +57,7 @@ def _assert_exactly_once(conn, lake: Lake, tenants) -> None:
             (keys.tenant_id,),
         ).fetchone()[0]
         assert sorted(r["journal_seq"] for r in bronze) == list(range(1, events + 1))
-        assert snapshot(lake, keys.tenant_id) == snapshot(reference, keys.tenant_id)
+        assert lake_snapshot(lake, keys.tenant_id) == lake_snapshot(reference, keys.tenant_id)
 
 
 @pytest.mark.slow

