@@ -383,19 +383,7 @@ def drain_tenant(
 ) -> BatchResult:
     """Fold and commit the tenant's next batch. `before_commit(table_name)` is a test hook."""
     config = config or WriterConfig()
-    handles = {spec.name: _handle(lake, tenant_id, spec) for spec in CORE_TABLES}
-    areas_table = handles[GOLD_AREAS.name].table
-    area_rows = read_rows(areas_table, GOLD_AREAS) if areas_table is not None else []
-    for area in area_rows:
-        if area["status"] == "validated":
-            h = _handle(lake, tenant_id, GOLD_CURATED, area["workarea_id"])
-            if h.table is None:
-                raise LostCuratedTable(
-                    f"tenant {tenant_id}: {h.name} is missing although gold.areas marks the area "
-                    f"validated; delete {lake.tenant_uri(tenant_id)} and drain the tenant again"
-                )
-            handles[h.name] = h
-
+    handles, area_rows = _open_tables(lake, tenant_id)
     txns = [h.txn for h in handles.values()]
     base, leading = min(txns), max(txns)
     decided = decided_through(conn, tenant_id)
@@ -421,51 +409,8 @@ def drain_tenant(
             ops.append((seq, refused))
     parsed = [op for _, op in ops if isinstance(op, Op)]
 
-    state = TenantState(
-        tenant_id=tenant_id,
-        bronze=AppendWork(
-            txn=handles[BRONZE_EVENTS.name].txn,
-            exists=handles[BRONZE_EVENTS.name].table is not None,
-        ),
-        silver=_keyed(handles[SILVER_CLAIMS.name]),
-        lineage=_keyed(handles[GOLD_LINEAGE.name]),
-        areas=_keyed(handles[GOLD_AREAS.name]),
-        curated={
-            h.name.split("/", 1)[1]: _keyed(h) for h in handles.values() if h.spec is GOLD_CURATED
-        },
-        bodies=_bodies(
-            conn,
-            tenant_id,
-            {
-                (op.args["artifact_id"], op.args["version"])
-                for op in parsed
-                if op.name in ("claim.promote", "claim.repair")
-            },
-        ),
-        api_keys=_api_keys(
-            conn, {op.args["api_key_id"] for op in parsed if op.name == "journal.event"}
-        ),
-        materialized_at=dt.datetime.now(dt.UTC),
-    )
-    state.areas.load(area_rows)
-    _prefetch(state, handles, parsed)
-
-    refused: dict[int, str] = {}
-    for seq, op in ops:
-        if seq <= decided:
-            if seq in recorded or isinstance(op, RefusedOp):
-                continue
-            catalog.apply(op, state)
-            continue
-        if isinstance(op, RefusedOp):
-            refused[seq] = op.reason
-            continue
-        try:
-            catalog.check(op, state)
-        except RefusedOp as refusal:
-            refused[seq] = refusal.reason
-            continue
-        catalog.apply(op, state)
+    state = _working_state(conn, tenant_id, handles, area_rows, parsed)
+    refused = _fold(ops, decided, recorded, state)
     result.refused = refused
 
     if batch_end > decided:
@@ -509,6 +454,91 @@ def drain_tenant(
     commit(handles[GOLD_AREAS.name], state.areas.output, keyed=True, create=True)
     _update_frontier(conn, tenant_id, handles, batch_end)
     return result
+
+
+def _open_tables(lake: Lake, tenant_id: str) -> tuple[dict[str, _Handle], list[dict]]:
+    """Handles on the tenant's core tables and on one curated table per validated area (read
+    from gold.areas, whose rows are returned too)."""
+    handles = {spec.name: _handle(lake, tenant_id, spec) for spec in CORE_TABLES}
+    areas_table = handles[GOLD_AREAS.name].table
+    area_rows = read_rows(areas_table, GOLD_AREAS) if areas_table is not None else []
+    for area in area_rows:
+        if area["status"] == "validated":
+            h = _handle(lake, tenant_id, GOLD_CURATED, area["workarea_id"])
+            if h.table is None:
+                raise LostCuratedTable(
+                    f"tenant {tenant_id}: {h.name} is missing although gold.areas marks the area "
+                    f"validated; delete {lake.tenant_uri(tenant_id)} and drain the tenant again"
+                )
+            handles[h.name] = h
+    return handles, area_rows
+
+
+def _working_state(
+    conn: psycopg.Connection,
+    tenant_id: str,
+    handles: dict[str, _Handle],
+    area_rows: list[dict],
+    parsed: list[Op],
+) -> TenantState:
+    """The tables as their latest versions stand, with every row the batch's ops can touch, plus
+    the claim bodies and api keys those ops need from Postgres."""
+    state = TenantState(
+        tenant_id=tenant_id,
+        bronze=AppendWork(
+            txn=handles[BRONZE_EVENTS.name].txn,
+            exists=handles[BRONZE_EVENTS.name].table is not None,
+        ),
+        silver=_keyed(handles[SILVER_CLAIMS.name]),
+        lineage=_keyed(handles[GOLD_LINEAGE.name]),
+        areas=_keyed(handles[GOLD_AREAS.name]),
+        curated={
+            h.name.split("/", 1)[1]: _keyed(h) for h in handles.values() if h.spec is GOLD_CURATED
+        },
+        bodies=_bodies(
+            conn,
+            tenant_id,
+            {
+                (op.args["artifact_id"], op.args["version"])
+                for op in parsed
+                if op.name in ("claim.promote", "claim.repair")
+            },
+        ),
+        api_keys=_api_keys(
+            conn, {op.args["api_key_id"] for op in parsed if op.name == "journal.event"}
+        ),
+        materialized_at=dt.datetime.now(dt.UTC),
+    )
+    state.areas.load(area_rows)
+    _prefetch(state, handles, parsed)
+    return state
+
+
+def _fold(
+    ops: list[tuple[int, Op | RefusedOp]],
+    decided: int,
+    recorded: dict[int, str],
+    state: TenantState,
+) -> dict[int, str]:
+    """Apply the batch's ops in seq order. Ops at or below `decided` keep their recorded
+    verdict; later ones are checked against the tables as of the op. Returns new refusals."""
+    refused: dict[int, str] = {}
+    for seq, op in ops:
+        if seq <= decided:
+            if seq in recorded or isinstance(op, RefusedOp):
+                continue
+            catalog.apply(op, state)
+            continue
+        if isinstance(op, RefusedOp):
+            refused[seq] = op.reason
+            continue
+        try:
+            catalog.check(op, state)
+        except RefusedOp as refusal:
+            refused[seq] = refusal.reason
+            continue
+        catalog.apply(op, state)
+    return refused
 
 
 def _keyed(handle: _Handle) -> KeyedWork:
