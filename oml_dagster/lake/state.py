@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tables import BRONZE_EVENTS, GOLD_AREAS, GOLD_CURATED, GOLD_LINEAGE, SILVER_CLAIMS, TableSpec
+from .tables import BRONZE_EVENTS, GOLD_CURATED, TableSpec
 
 Row = dict[str, Any]
 Key = tuple
@@ -24,7 +24,6 @@ class KeyedWork:
 
     spec: TableSpec
     txn: int
-    exists: bool
     rows: dict[Key, Row] = field(default_factory=dict)
     changed: set[Key] = field(default_factory=set)
 
@@ -64,7 +63,6 @@ class AppendWork:
     """bronze.events: rows appended by this batch, each tagged with its outbox seq."""
 
     txn: int
-    exists: bool
     spec: TableSpec = BRONZE_EVENTS
     rows: list[Row] = field(default_factory=list)
 
@@ -99,13 +97,6 @@ class TenantState:
         return self.curated.get(workarea_id)
 
     def new_curated(self, workarea_id: str) -> KeyedWork:
-        work = KeyedWork(GOLD_CURATED, txn=0, exists=False)
+        work = KeyedWork(GOLD_CURATED, txn=0)
         self.curated[workarea_id] = work
         return work
-
-    def keyed_tables(self) -> list[tuple[str, KeyedWork]]:
-        return [
-            (SILVER_CLAIMS.name, self.silver),
-            (GOLD_LINEAGE.name, self.lineage),
-            (GOLD_AREAS.name, self.areas),
-        ]

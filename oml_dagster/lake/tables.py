@@ -41,7 +41,6 @@ class TableSpec:
     partition_by: tuple[str, ...] = ()
     # Columns holding ciphertext: no Parquet statistics, no Delta log statistics.
     body_columns: tuple[str, ...] = ()
-    append_only: bool = False
     zorder_by: tuple[str, ...] = field(default=())
 
     @property
@@ -89,7 +88,6 @@ BRONZE_EVENTS = TableSpec(
         ]
     ),
     partition_by=("event_date",),
-    append_only=True,
 )
 
 _CLAIM_COLUMNS = [

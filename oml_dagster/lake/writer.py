@@ -270,7 +270,6 @@ def _write(
     handle: _Handle,
     lake: Lake,
     rows: list[dict],
-    keyed: bool,
     props: CommitProperties,
     configuration: dict[str, str],
 ) -> None:
@@ -288,7 +287,7 @@ def _write(
             writer_properties=parquet,
             commit_properties=props,
         )
-    elif keyed and rows:
+    elif spec.merge_key and rows:
         predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
         (
             handle.table.merge(
@@ -320,13 +319,11 @@ def _commit_table(
     tenant_id: str,
     handle: _Handle,
     output: Callable[[int], list[dict]],
-    keyed: bool,
     op_seqs: list[int],
     batch_end: int,
     leading_txn: int,
     config: WriterConfig,
     configuration: dict[str, str],
-    create: bool = False,
 ) -> TableOutcome:
     """Land `output(txn)` in one fenced commit, re-checking the skip rule after any conflict."""
     outcome = TableOutcome(handle.name, "skipped", txn_before=handle.txn, txn_after=handle.txn)
@@ -339,10 +336,12 @@ def _commit_table(
             return outcome
         rows = output(txn)
         lag = sum(1 for s in op_seqs if s > txn)
-        must_create = create and handle.table is None
+        # A table that does not exist yet is created even empty: a tenant's first batch makes
+        # every core table (an absent one counts as txn 0, so each later batch would re-read the
+        # tenant's ops from the start), and a validation makes its curated table.
         if (
             not rows
-            and not must_create
+            and handle.table is not None
             and lag <= config.txn_lag_limit
             and batch_end >= leading_txn
         ):
@@ -350,7 +349,7 @@ def _commit_table(
             return outcome
         props = _commit_properties(tenant_id, txn, batch_end, lag)
         try:
-            _write(handle, lake, rows, keyed, props, configuration)
+            _write(handle, lake, rows, props, configuration)
         except (CommitFailedError, DeltaError) as conflict:
             # A concurrent writer got there first: reload, then the skip rule decides.
             reloaded = lake.open(handle.uri)
@@ -419,7 +418,7 @@ def drain_tenant(
     bound = erasure_bound(conn, tenant_id)
     op_seqs = [r[0] for r in rows]
 
-    def commit(handle: _Handle, output, keyed: bool, create: bool = False) -> None:
+    def commit(handle: _Handle, output) -> None:
         if before_commit is not None:
             before_commit(handle.name)
         configuration = handle.spec.configuration(int(bound.total_seconds()))
@@ -429,29 +428,23 @@ def drain_tenant(
                 tenant_id,
                 handle,
                 output,
-                keyed,
                 op_seqs,
                 batch_end,
                 leading,
                 config,
                 configuration,
-                create,
             )
         )
 
-    # A tenant's first batch creates every core table, empty ones too: an absent table counts
-    # as txn 0, and would make each later batch re-read the tenant's ops from the start.
-    commit(handles[BRONZE_EVENTS.name], state.bronze.output, keyed=False, create=True)
-    commit(handles[GOLD_LINEAGE.name], state.lineage.output, keyed=True, create=True)
+    commit(handles[BRONZE_EVENTS.name], state.bronze.output)
+    commit(handles[GOLD_LINEAGE.name], state.lineage.output)
     for workarea_id in sorted(state.curated):
         name = f"{GOLD_CURATED.name}/{workarea_id}"
         handle = handles.get(name) or _handle(lake, tenant_id, GOLD_CURATED, workarea_id)
         handles[name] = handle
-        # A validation creates its curated table even when no row qualifies.
-        work = state.curated[workarea_id]
-        commit(handle, work.output, keyed=True, create=not work.exists)
-    commit(handles[SILVER_CLAIMS.name], state.silver.output, keyed=True, create=True)
-    commit(handles[GOLD_AREAS.name], state.areas.output, keyed=True, create=True)
+        commit(handle, state.curated[workarea_id].output)
+    commit(handles[SILVER_CLAIMS.name], state.silver.output)
+    commit(handles[GOLD_AREAS.name], state.areas.output)
     _update_frontier(conn, tenant_id, handles, batch_end)
     return result
 
@@ -485,10 +478,7 @@ def _working_state(
     the claim bodies and api keys those ops need from Postgres."""
     state = TenantState(
         tenant_id=tenant_id,
-        bronze=AppendWork(
-            txn=handles[BRONZE_EVENTS.name].txn,
-            exists=handles[BRONZE_EVENTS.name].table is not None,
-        ),
+        bronze=AppendWork(txn=handles[BRONZE_EVENTS.name].txn),
         silver=_keyed(handles[SILVER_CLAIMS.name]),
         lineage=_keyed(handles[GOLD_LINEAGE.name]),
         areas=_keyed(handles[GOLD_AREAS.name]),
@@ -542,7 +532,7 @@ def _fold(
 
 
 def _keyed(handle: _Handle) -> KeyedWork:
-    return KeyedWork(handle.spec, txn=handle.txn, exists=handle.table is not None)
+    return KeyedWork(handle.spec, txn=handle.txn)
 
 
 def _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end) -> None:
