@@ -21,6 +21,7 @@ How a batch is cut and folded:
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,7 +71,9 @@ class WriterConfig:
     txn_lag_limit: int = 2500
     max_commit_attempts: int = 8
     # A fold running longer than this fails with BatchTimeout naming its op (None: no bound).
-    fold_timeout_seconds: float | None = 300.0
+    fold_timeout_seconds: float | None = field(
+        default_factory=lambda: float(os.environ.get("OML_FOLD_TIMEOUT_SECONDS", "300"))
+    )
 
     def __post_init__(self):
         if self.max_batch < 2 or not 0 < self.txn_lag_limit < self.max_batch:
