@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import psycopg
 
 from . import sequencer
+from .fetch import Batch, Fetcher
 from .sequencer import SequencerReport
 from .storage import Lake
 from .writer import BatchResult, WriterConfig, drain_tenant
@@ -39,16 +41,33 @@ def drain(
     Named tenants are always visited (their Delta logs decide what is left); otherwise the
     tenants the frontier cache shows behind the sequencer are."""
     passes: list[DrainPass] = []
-    for _ in range(max_passes):
-        current = DrainPass(sequencer.sequence(conn))
-        targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
-        for tenant_id in targets:
-            current.batches.append(drain_tenant(conn, lake, tenant_id, config or WriterConfig()))
-        passes.append(current)
-        if on_pass is not None:
-            on_pass(current)
-        # A batch below the lag limit that changes nothing neither commits nor refuses anew, so
-        # a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
-        if not until_idle or not current.progressed:
-            break
+    # One fetcher per tenant, so each tenant's next batch is read while its current one commits.
+    fetchers: dict[str, Fetcher] = {}
+    following: dict[str, Future[Batch] | None] = {}
+    try:
+        for _ in range(max_passes):
+            current = DrainPass(sequencer.sequence(conn))
+            targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
+            for tenant_id in targets:
+                fetcher = fetchers.get(tenant_id) or fetchers.setdefault(tenant_id, Fetcher(conn))
+                result = drain_tenant(
+                    conn,
+                    lake,
+                    tenant_id,
+                    config or WriterConfig(),
+                    fetcher=fetcher,
+                    prefetched=following.pop(tenant_id, None),
+                )
+                following[tenant_id] = result.next_batch if until_idle else None
+                current.batches.append(result)
+            passes.append(current)
+            if on_pass is not None:
+                on_pass(current)
+            # A batch below the lag limit that changes nothing neither commits nor refuses anew,
+            # so a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
+            if not until_idle or not current.progressed:
+                break
+    finally:
+        for fetcher in fetchers.values():
+            fetcher.close()
     return passes

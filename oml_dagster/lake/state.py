@@ -11,6 +11,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from .tables import BRONZE_EVENTS, GOLD_CURATED, TableSpec
 
 Row = dict[str, Any]
@@ -59,11 +62,13 @@ class KeyedWork:
 
 @dataclass
 class AppendWork:
-    """bronze.events: rows appended by this batch, each tagged with its outbox seq."""
+    """bronze.events: rows appended by this batch, each tagged with its outbox seq. Most arrive
+    as columns (`columns`, events the fetch cleared); the per-op fold appends the rest."""
 
     txn: int
     spec: TableSpec = BRONZE_EVENTS
     rows: list[Row] = field(default_factory=list)
+    columns: pa.Table | None = None
 
     def active(self, seq: int) -> bool:
         return seq > self.txn
@@ -72,8 +77,15 @@ class AppendWork:
         if self.active(seq):
             self.rows.append(row)
 
-    def output(self, above: int) -> list[Row]:
-        return [r for r in self.rows if r["outbox_seq"] > above]
+    def output(self, above: int) -> pa.Table:
+        parts = [
+            pa.Table.from_pylist(
+                [r for r in self.rows if r["outbox_seq"] > above], self.spec.schema
+            )
+        ]
+        if self.columns is not None:
+            parts.append(self.columns.filter(pc.greater(self.columns["outbox_seq"], above)))
+        return pa.concat_tables(parts)
 
 
 @dataclass

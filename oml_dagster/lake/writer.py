@@ -23,10 +23,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+import orjson
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import (
     ColumnProperties,
     CommitProperties,
@@ -38,6 +41,7 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from . import catalog, deadletter
+from .bronze import cleared_events
 from .catalog import Op
 from .errors import (
     ConflictingCommit,
@@ -46,6 +50,7 @@ from .errors import (
     RefusedOp,
     VerdictConflict,
 )
+from .fetch import Batch, Fetcher
 from .state import AppendWork, KeyedWork, TenantState
 from .storage import Lake, query, read_rows, sql_in
 from .tables import (
@@ -65,7 +70,11 @@ DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
 
 @dataclass(frozen=True)
 class WriterConfig:
-    max_batch: int = 5000
+    # A batch is what is pending, up to `max_batch` ops and about `max_batch_bytes` of payload
+    # (PostgreSQL's stored size): a quiet outbox gives small batches (latency), a backlog large
+    # ones up to the memory cap (throughput).
+    max_batch: int = 50_000
+    max_batch_bytes: int = 64 * 2**20
     # A table with nothing to change gets a txn-only commit once this many of the tenant's ops
     # lie between its txn version and the batch end. Must stay below max_batch.
     txn_lag_limit: int = 2500
@@ -99,6 +108,10 @@ class BatchResult:
     ops: int = 0
     refused: dict[int, str] = field(default_factory=dict)
     tables: list[TableOutcome] = field(default_factory=list)
+    # Ops the catalog folded one by one (the rest went to bronze as columns).
+    ops_folded: int = 0
+    # The next batch, fetched while this one folded and committed (None: the outbox's tail).
+    next_batch: Future[Batch] | None = None
 
     @property
     def committed(self) -> bool:
@@ -143,15 +156,12 @@ def writer_properties(spec: TableSpec) -> WriterProperties:
 # --- Postgres reads ----------------------------------------------------------------------------
 
 
-def _load_ops(conn: psycopg.Connection, tenant_id: str, after: int, limit: int) -> list[tuple]:
-    """(seq, journal_seq, op, payload, origin_journal_seq): the last is the journal_seq of the
-    act a re-enqueued dead letter was refused in, NULL for every other row."""
-    return conn.execute(
-        "SELECT o.seq, o.journal_seq, o.op, o.payload, d.journal_seq FROM oml.outbox o"
-        " LEFT JOIN oml.lake_dead_letter d ON d.requeued_id = o.id"
-        " WHERE o.tenant_id = %s AND o.seq > %s ORDER BY o.seq LIMIT %s",
-        (tenant_id, after, limit),
+def _payloads(conn: psycopg.Connection, seqs: list[int]) -> dict[int, dict]:
+    """The payloads of ops the fetch sent as columns that the catalog must fold after all."""
+    rows = conn.execute(
+        "SELECT seq, payload FROM oml.outbox WHERE seq = ANY(%s)", (seqs,)
     ).fetchall()
+    return dict(rows)
 
 
 def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:
@@ -237,16 +247,6 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
             rows = read_rows(silver, SILVER_CLAIMS, sql_in("artifact_id", {k[0] for k in keys}))
             state.silver.load(r for r in rows if (r["artifact_id"], r["version"]) in keys)
 
-    bronze = handles[BRONZE_EVENTS.name].table
-    journal_seqs = [op.args["journal_seq"] for op in ops if op.name == "journal.event"]
-    if bronze is not None and journal_seqs:
-        held = query(
-            bronze,
-            "journal_seq, event_id, hash",
-            f"journal_seq BETWEEN {min(journal_seqs)} AND {max(journal_seqs)}",
-        ).to_pylist()
-        state.events.update((r["journal_seq"], (r["event_id"], r["hash"])) for r in held)
-
     lineage = handles[GOLD_LINEAGE.name].table
     if lineage is not None and (edge_ids or sims):
         condition = f"{sql_in('edge_id', edge_ids)} OR {sql_in('simulation_id', sims)}"
@@ -295,12 +295,11 @@ def _commit_properties(
 def _write(
     handle: _Handle,
     lake: Lake,
-    rows: list[dict],
+    data: pa.Table,
     props: CommitProperties,
     configuration: dict[str, str],
 ) -> None:
     spec = handle.spec
-    data = pa.Table.from_pylist(rows, schema=spec.schema)
     parquet = writer_properties(spec)
     if handle.table is None:
         write_deltalake(
@@ -313,7 +312,7 @@ def _write(
             writer_properties=parquet,
             commit_properties=props,
         )
-    elif spec.merge_key and rows:
+    elif spec.merge_key and data.num_rows:
         predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
         (
             handle.table.merge(
@@ -344,7 +343,7 @@ def _commit_table(
     lake: Lake,
     tenant_id: str,
     handle: _Handle,
-    output: Callable[[int], list[dict]],
+    output: Callable[[int], pa.Table | list[dict]],
     op_seqs: list[int],
     batch_end: int,
     leading_txn: int,
@@ -362,12 +361,14 @@ def _commit_table(
             outcome.action = "skipped"
             return outcome
         rows = output(txn)
+        if not isinstance(rows, pa.Table):
+            rows = pa.Table.from_pylist(rows, schema=handle.spec.schema)
         lag = sum(1 for s in op_seqs if s > txn)
         # A table that does not exist yet is created even empty: a tenant's first batch makes
         # every core table (an absent one counts as txn 0, so each later batch would re-read the
         # tenant's ops from the start), and a validation makes its curated table.
         if (
-            not rows
+            not rows.num_rows
             and handle.table is not None
             and lag <= config.txn_lag_limit
             and batch_end >= leading_txn
@@ -391,8 +392,8 @@ def _commit_table(
             handle.table = reloaded
             continue
         handle.table = lake.open(handle.uri)
-        outcome.action = "committed" if rows else "txn-only"
-        outcome.rows = len(rows)
+        outcome.action = "committed" if rows.num_rows else "txn-only"
+        outcome.rows = rows.num_rows
         outcome.txn_after = batch_end
         outcome.version = handle.table.version()
         return outcome
@@ -412,9 +413,30 @@ def drain_tenant(
     config: WriterConfig | None = None,
     *,
     before_commit: Callable[[str], None] | None = None,
+    fetcher: Fetcher | None = None,
+    prefetched: Future[Batch] | None = None,
 ) -> BatchResult:
-    """Fold and commit the tenant's next batch. `before_commit(table_name)` is a test hook."""
+    """Fold and commit the tenant's next batch. `fetcher` reads batches (one is opened and
+    closed here when none is given; a fetcher given also fetches the following batch while this
+    one commits, returned as `next_batch`); `prefetched` is such a batch, used when it starts
+    where this batch starts. `before_commit(table_name)` is a test hook."""
     config = config or WriterConfig()
+    if fetcher is None:
+        with Fetcher(conn) as own:
+            return _drain_batch(conn, lake, tenant_id, config, before_commit, own, None, False)
+    return _drain_batch(conn, lake, tenant_id, config, before_commit, fetcher, prefetched, True)
+
+
+def _drain_batch(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    config: WriterConfig,
+    before_commit: Callable[[str], None] | None,
+    fetcher: Fetcher,
+    prefetched: Future[Batch] | None,
+    pipelined: bool,
+) -> BatchResult:
     handles, area_rows = _open_tables(lake, tenant_id)
     txns = [h.txn for h in handles.values()]
     base, leading = min(txns), max(txns)
@@ -424,26 +446,74 @@ def drain_tenant(
             f"tenant {tenant_id}: a table records txn {leading} but verdicts are decided only "
             f"through {decided}"
         )
-    rows = _load_ops(conn, tenant_id, base, config.max_batch)
-    if not rows:
+    batch = prefetched.result() if prefetched is not None else None
+    if batch is None or batch.after != base:
+        batch = fetcher.fetch(tenant_id, base, config.max_batch, config.max_batch_bytes)
+    if not len(batch):
         result = BatchResult(tenant_id, base, base)
         _update_frontier(conn, tenant_id, handles, base)
         return result
-    batch_end = rows[-1][0]
-    result = BatchResult(tenant_id, base, batch_end, ops=len(rows))
+    seqs = batch.seqs
+    batch_end = seqs[-1]
+    result = BatchResult(tenant_id, base, batch_end, ops=len(seqs))
+    if pipelined and batch.more:
+        result.next_batch = fetcher.fetch_async(
+            tenant_id, batch_end, config.max_batch, config.max_batch_bytes
+        )
     recorded = deadletter.refused_seqs(conn, tenant_id, base, min(decided, batch_end))
 
-    ops: list[tuple[int, Op | RefusedOp]] = []
-    for seq, journal_seq, name, payload, origin in rows:
-        try:
-            ops.append((seq, catalog.parse(seq, journal_seq, tenant_id, name, payload, origin)))
-        except RefusedOp as refused:
-            ops.append((seq, refused))
+    # The per-op path: every op the fetch did not clear as a bronze row.
+    columns = batch.columns
+    folded = columns.filter(pc.invert(columns["event_ok"])).select(
+        ["seq", "journal_seq", "op", "payload_json", "origin_journal_seq"]
+    )
+    rows = [
+        (seq, journal_seq, name, orjson.loads(text), origin)
+        for seq, journal_seq, name, text, origin in zip(
+            *(folded[c].to_pylist() for c in folded.column_names), strict=True
+        )
+    ]
+    ops = _parse(tenant_id, rows)
+    catalog_events = [
+        op.args["journal_seq"] for _, op in ops if isinstance(op, Op) and op.name == "journal.event"
+    ]
+    bronze = handles[BRONZE_EVENTS.name]
+    cleared_journal_seqs = pc.filter(columns["event_journal_seq"], columns["event_ok"])
+    held = _held_events(bronze.table, [*catalog_events, *cleared_journal_seqs.to_pylist()])
+    cleared = cleared_events(
+        columns,
+        bronze_txn=bronze.txn,
+        skip={seq for seq in recorded if seq <= decided},
+        held_journal_seqs=set(held),
+        catalog_journal_seqs=catalog_events,
+    )
+    if cleared.to_catalog:
+        payloads = _payloads(conn, cleared.to_catalog)
+        meta = dict(
+            zip(
+                columns["seq"].to_pylist(),
+                zip(
+                    columns["journal_seq"].to_pylist(),
+                    columns["origin_journal_seq"].to_pylist(),
+                    strict=True,
+                ),
+                strict=True,
+            )
+        )
+        extra = [
+            (seq, meta[seq][0], "journal.event", payloads[seq], meta[seq][1])
+            for seq in cleared.to_catalog
+        ]
+        rows = sorted([*rows, *extra], key=lambda row: row[0])
+        ops = sorted([*ops, *_parse(tenant_id, extra)], key=lambda pair: pair[0])
+    result.ops_folded = len(ops)
     parsed = [op for _, op in ops if isinstance(op, Op)]
 
     state = _working_state(conn, tenant_id, handles, area_rows, parsed)
-    batch = f"tenant {tenant_id}, batch ({base}, {batch_end}]"
-    with Watchdog(config.fold_timeout_seconds, batch) as watchdog:
+    state.events.update(held)
+    state.bronze.columns = cleared.rows
+    label = f"tenant {tenant_id}, batch ({base}, {batch_end}]"
+    with Watchdog(config.fold_timeout_seconds, label) as watchdog:
         refused = _fold(ops, decided, recorded, state, watchdog)
     result.refused = refused
 
@@ -451,7 +521,7 @@ def drain_tenant(
         _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end)
 
     bound = erasure_bound(conn, tenant_id)
-    op_seqs = [r[0] for r in rows]
+    op_seqs = seqs
 
     def commit(handle: _Handle, output) -> None:
         if before_commit is not None:
@@ -482,6 +552,28 @@ def drain_tenant(
     commit(handles[GOLD_AREAS.name], state.areas.output)
     _update_frontier(conn, tenant_id, handles, batch_end)
     return result
+
+
+def _parse(tenant_id: str, rows: list[tuple]) -> list[tuple[int, Op | RefusedOp]]:
+    parsed: list[tuple[int, Op | RefusedOp]] = []
+    for seq, journal_seq, name, payload, origin in rows:
+        try:
+            parsed.append((seq, catalog.parse(seq, journal_seq, tenant_id, name, payload, origin)))
+        except RefusedOp as refused:
+            parsed.append((seq, refused))
+    return parsed
+
+
+def _held_events(bronze: DeltaTable | None, journal_seqs: list[int]) -> dict[int, tuple]:
+    """journal_seq -> (event_id, hash) of the events bronze holds in the range of `journal_seqs`."""
+    if bronze is None or not journal_seqs:
+        return {}
+    held = query(
+        bronze,
+        "journal_seq, event_id, hash",
+        f"journal_seq BETWEEN {min(journal_seqs)} AND {max(journal_seqs)}",
+    ).to_pylist()
+    return {r["journal_seq"]: (r["event_id"], r["hash"]) for r in held}
 
 
 def _open_tables(lake: Lake, tenant_id: str) -> tuple[dict[str, _Handle], list[dict]]:

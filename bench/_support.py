@@ -1,0 +1,54 @@
+"""What every benchmark needs: a fresh database (migrated, with the simulator's schema) that is
+dropped afterwards, and a line describing the machine for the results."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import subprocess
+from collections.abc import Iterator
+
+import psycopg
+
+from oml_dagster.lake import db
+from oml_dagster.simulate import producer
+
+ADMIN = os.environ.get("OML_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@contextlib.contextmanager
+def fresh_database(prefix: str = "oml_bench") -> Iterator[str]:
+    import uuid
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    info = psycopg.conninfo.conninfo_to_dict(ADMIN)
+    info["dbname"] = name
+    dsn = psycopg.conninfo.make_conninfo(**info)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            db.upgrade(conn)
+            producer.ensure_schema(conn)
+        yield dsn
+    finally:
+        with psycopg.connect(ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def machine() -> str:
+    """CPU count and model, memory, Python, PostgreSQL, load average: the context of a figure."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), cpu)
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    try:
+        pg = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pg = "psql ?"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"machine: {os.cpu_count()} CPUs ({cpu}), {mem:.1f} GiB; Python {platform.python_version()};"
+        f" {pg}; load average {load}"
+    )

@@ -1,0 +1,135 @@
+"""Bronze throughput against its own library: N journal.event ops of one tenant (signed,
+hash-chained, as the producer writes them) are sequenced, then
+
+- baseline: `write_deltalake` of the very same bronze rows, already in memory as Arrow;
+- drain: `drain(until_idle=True)` of the sequenced backlog into a fresh lake (fetch, checks,
+  dedup, commit), the product's end-to-end path;
+
+both into fresh local directories, in the same run. Prints the rates and their ratio.
+
+    .venv/bin/python bench/bronze_bench.py --events 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import tempfile
+import time
+import uuid
+
+import psycopg
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from oml_dagster.lake import sequencer
+from oml_dagster.lake.drain import drain
+from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.tables import BRONZE_EVENTS
+from oml_dagster.lake.writer import WriterConfig, writer_properties
+from oml_dagster.simulate import producer
+
+try:
+    from bench._support import fresh_database, machine
+except ImportError:  # run as a script
+    from _support import fresh_database, machine
+
+
+def write_events(conn: psycopg.Connection, keys: producer.TenantKeys, n: int) -> list[dict]:
+    """COPY `n` chained journal events of one tenant into the outbox; returns their payloads."""
+    prev = producer.GENESIS_HASH
+    at = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    payloads = []
+    for journal_seq in range(1, n + 1):
+        artifact = str(uuid.UUID(int=journal_seq, version=4))
+        event = producer.Event(
+            "claim.promoted",
+            {"artifact_id": artifact, "version": 1, "ciphertext_digest": "ab" * 32},
+            artifact_id=artifact,
+            version=1,
+            provenance="agent",
+        )
+        payload, prev = producer.journal_entry(
+            keys,
+            keys.tenant_id,
+            journal_seq,
+            prev,
+            event,
+            at + dt.timedelta(seconds=journal_seq),
+            str(uuid.UUID(int=n + journal_seq, version=4)),
+        )
+        payloads.append(payload)
+    with (
+        conn.cursor() as cur,
+        cur.copy("COPY oml.outbox (tenant_id, journal_seq, op, payload) FROM STDIN") as copy,
+    ):
+        for payload in payloads:
+            copy.write_row(
+                (keys.tenant_id, payload["journal_seq"], "journal.event", json.dumps(payload))
+            )
+    return payloads
+
+
+def bronze_rows(tenant_id: str, payloads: list[dict]) -> pa.Table:
+    import base64
+
+    rows = []
+    for seq, p in enumerate(payloads, start=1):
+        row = {c: p.get(c) for c in BRONZE_EVENTS.columns}
+        at = dt.datetime.fromisoformat(p["at"])
+        for c in ("prev_hash", "hash", "sig", "signed_bytes"):
+            row[c] = base64.b64decode(p[c])
+        row.update(tenant_id=tenant_id, at=at, event_date=at.date(), outbox_seq=seq)
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=BRONZE_EVENTS.schema)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument(
+        "--max-batch", type=int, default=None, help="fixed batch (default: adaptive)"
+    )
+    args = parser.parse_args()
+    with fresh_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+        keys = producer.create_tenant(conn)
+        payloads = write_events(conn, keys, args.events)
+        started = time.perf_counter()
+        sequencer.sequence(conn)
+        sequencing = time.perf_counter() - started
+        data = bronze_rows(keys.tenant_id, payloads)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            started = time.perf_counter()
+            write_deltalake(
+                os.path.join(tmp, "baseline"),
+                data,
+                partition_by=list(BRONZE_EVENTS.partition_by),
+                writer_properties=writer_properties(BRONZE_EVENTS),
+            )
+            baseline = time.perf_counter() - started
+
+            config = (
+                WriterConfig()
+                if args.max_batch is None
+                else WriterConfig(max_batch=args.max_batch, txn_lag_limit=args.max_batch // 2)
+            )
+            lake = Lake(os.path.join(tmp, "oml-lake"))
+            started = time.perf_counter()
+            drain(conn, lake, [keys.tenant_id], until_idle=True, config=config)
+            drained = time.perf_counter() - started
+            table = lake.open(lake.table_uri(keys.tenant_id, BRONZE_EVENTS))
+            assert table.to_pyarrow_table(columns=["journal_seq"]).num_rows == args.events
+
+        n = args.events
+        print(machine())
+        print(f"events: {n:,} journal.event ops of one tenant; sequencing {sequencing:.2f} s")
+        print(f"baseline write_deltalake: {baseline:.2f} s = {n / baseline:,.0f} rows/s")
+        print(f"drain --until-idle:       {drained:.2f} s = {n / drained:,.0f} events/s")
+        print(f"ratio drain / baseline:   {baseline / drained:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
