@@ -89,6 +89,7 @@ def examine(
     *,
     cadence: dt.timedelta = DEFAULT_CADENCE,
     lag_limit: dt.timedelta = DEFAULT_LAG_LIMIT,
+    checkpoint_interval: int = CHECKPOINT_INTERVAL,
     now: dt.datetime | None = None,
 ) -> TenantHealth:
     now = now or dt.datetime.now(dt.UTC)
@@ -101,7 +102,7 @@ def examine(
         txns.append(table.transaction_version(APP_ID) or 0)
         checkpoint = last_checkpoint(lake, uri)
         behind = table.version() - (checkpoint if checkpoint is not None else -1)
-        if behind >= CHECKPOINT_INTERVAL:
+        if behind >= checkpoint_interval:
             health.checkpoint_overdue.append((name, behind))
     # Drained through the newest batch any table recorded (every batch appends to bronze; a
     # table with nothing to change may lag its txn on purpose). A missing lake: through 0.
