@@ -333,3 +333,57 @@ def test_the_reconcile_command_exits_1_on_a_finding(conn, dsn, lake, clean):
     (check,) = [c for c in report["checks"] if not c["passed"]]
     assert (check["table"], check["check"]) == (GOLD_AREAS.name, rc.FRONTIER)
     assert check["findings"][0]["table"] == GOLD_AREAS.name
+
+
+def test_a_second_row_for_a_key(conn, lake, clean):
+    rewrite(lake, clean.tenant_id, GOLD_LINEAGE, lambda rows: [*rows, dict(rows[0])])
+    result = reconcile(conn, lake, clean.tenant_id)
+    assert failing(result) == {(GOLD_LINEAGE.name, rc.OUTBOX)}
+    (finding,) = result.result(GOLD_LINEAGE.name, rc.OUTBOX).findings
+    assert finding.detail.startswith("a second row for its key")
+
+
+def test_the_reconciler_and_the_erasure_evidence_in_dagster_per_partition(
+    conn, lake, defs, instance
+):
+    from dagster import AssetKey
+
+    from oml_dagster.defs.checks import ERASURE_EVIDENCE, LAKE_CHECK_KEYS
+    from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+    from oml_dagster.lake import sequencer
+
+    work = seed_tenant(conn, bad=False)
+    sequencer.sequence(conn)
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [work.tenant_id])
+    job = defs.resolve_job_def("lake_writer_job")
+    assert job.execute_in_process(partition_key=work.tenant_id, instance=instance).success
+    conn.execute(
+        "UPDATE oml.lake_frontier SET txn_version = 1 WHERE tenant_id = %s AND table_name = %s",
+        (work.tenant_id, GOLD_AREAS.name),
+    )
+
+    # What the reconcile schedule asks for: the evidence and the checks, no drain.
+    reconciler_run = job.get_subset(
+        asset_selection={ERASURE_EVIDENCE}, asset_check_selection=set(LAKE_CHECK_KEYS)
+    )
+    result = reconciler_run.execute_in_process(partition_key=work.tenant_id, instance=instance)
+    (materialized,) = [
+        e.event_specific_data.materialization for e in result.get_asset_materialization_events()
+    ]
+    assert materialized.asset_key == ERASURE_EVIDENCE and materialized.partition == work.tenant_id
+    meta = {k: v.value for k, v in materialized.metadata.items()}
+    assert meta["erased_versions"] == 1
+    (artifact,) = meta["artifacts"]["artifacts"]
+    assert artifact["artifact_id"] == work.claims[3].artifact_id
+    assert artifact["status"] == "applied"
+
+    evaluations = result.get_asset_check_evaluations()
+    assert {e.partition for e in evaluations} == {work.tenant_id}
+    (failed,) = [e for e in evaluations if not e.passed]
+    assert (failed.asset_key, failed.check_name) == (AssetKey(["gold", "areas"]), rc.FRONTIER)
+    assert failed.metadata["findings"].value == 1
+    assert "frontier cache txn 1" in failed.metadata["sample_findings"].value[0]
+    record = instance.event_log_storage.get_asset_check_execution_history(
+        failed.asset_check_key, limit=1
+    )[0]
+    assert record.partition == work.tenant_id

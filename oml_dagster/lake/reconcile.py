@@ -618,7 +618,20 @@ def check_outbox(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str, 
             continue
         result = results[spec.name]
         expected = folded.get(spec.name, {})
-        actual = {tuple(row[c] for c in spec.merge_key): row for row in t.rows}
+        actual: dict[tuple, dict] = {}
+        for row in t.rows:
+            key = tuple(row[c] for c in spec.merge_key)
+            if key in actual:
+                result.checked += 1
+                result.add(
+                    t.name,
+                    key[0],
+                    key[1] if len(key) > 1 else None,
+                    f"a second row for its key (tenant_id {row['tenant_id']}, state "
+                    f"{row.get('state', row.get('status'))})",
+                )
+                continue
+            actual[key] = row
         for key in sorted(set(expected) | set(actual), key=repr):
             result.checked += 1
             version = key[1] if len(key) > 1 else None
