@@ -251,6 +251,15 @@ def test_erasure_evidence_reports_dead_lettered_and_waiting_erases(conn, lake):
     later = dt.datetime.now(dt.UTC) + BOUND + CADENCE + dt.timedelta(seconds=1)
     late = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=later)
     assert not late.ok and any(f"erase of {held.artifact_id}" in f for f in late.findings())
+    statuses = {
+        a.artifact_id: (a.status, a.overdue(later), a.copies)
+        for a in erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE, now=later).artifacts
+    }
+    # The lake never held the ghost and its dead letter is closed; the held one waits with its
+    # body still in the live version, past its deadline.
+    assert statuses[ghost.artifact_id] == ("refused", False, [])
+    status, overdue, copies = statuses[held.artifact_id]
+    assert (status, overdue, [c.copy_class for c in copies]) == ("pending", True, ["live"])
     drain_all(conn, lake)
     assert erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE).pending_erases == []
 

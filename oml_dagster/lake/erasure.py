@@ -319,20 +319,23 @@ class ErasedArtifact:
     artifact_id: str
     version: int | None
     erased_at: dt.datetime
-    status: str  # applied | pending | dead-lettered
+    # applied: live silver shows it erased; dead-lettered: an open dead letter holds its erase;
+    # refused: every erase of it was refused and none is open; pending: not yet applied.
+    status: str
     applied_at: dt.datetime | None
     deadline: dt.datetime
     copies: list[Copy] = field(default_factory=list)
 
     def overdue(self, now: dt.datetime) -> bool:
-        """Past its deadline and not gone (or, for an erase not in the lake, not applied)."""
-        return now > self.deadline and (bool(self.copies) or self.status != "applied")
+        """Past its deadline with a copy of its ciphertext still in the lake."""
+        return now > self.deadline and bool(self.copies)
 
     def at_risk(self, now: dt.datetime, margin: dt.timedelta) -> bool:
-        """Still in the lake, or not yet applied, within `margin` of its deadline (or past it)."""
+        """Dead-lettered (a breach in progress), or a copy left within `margin` of its deadline:
+        only the next maintenance run stands between it and a breach."""
         if self.status == "dead-lettered":
             return True
-        return (bool(self.copies) or self.status != "applied") and now + margin >= self.deadline
+        return bool(self.copies) and now + margin >= self.deadline
 
     def as_dict(self) -> dict:
         return {
@@ -440,7 +443,12 @@ def erased_artifacts(
             applied_at = max(applied_at or erased_at, erased_at)
             deadline = applied_at + bound + cadence
         else:
-            status = "dead-lettered" if any(e.open_dead_letter for e in of_key) else "pending"
+            if any(e.open_dead_letter for e in of_key):
+                status = "dead-lettered"
+            elif of_key and all(e.refused for e in of_key):
+                status = "refused"
+            else:
+                status = "pending"
             deadline = erased_at + bound + cadence
         by_key[key] = ErasedArtifact(key[0], key[1], erased_at, status, applied_at, deadline)
     evidence.artifacts = list(by_key.values())
