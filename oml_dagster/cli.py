@@ -141,7 +141,14 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                 f"  erases: {len(evidence.pending_erases)} pending, "
                 f"{len(evidence.dead_lettered_erases)} dead-lettered"
             )
+            gone = [a for a in per_artifact.artifacts if not a.copies and a.status == "applied"]
+            _print(
+                f"  erased versions: {len(per_artifact.artifacts)}, {len(gone)} gone from every "
+                "file (the others below; --json lists all)"
+            )
             for a in per_artifact.artifacts:
+                if not a.copies and a.status == "applied":
+                    continue
                 classes = sorted({c.copy_class for c in a.copies})
                 copies = f"{len(a.copies)} copies ({', '.join(classes)})" if a.copies else "gone"
                 _print(
