@@ -410,6 +410,7 @@ def test_per_artifact_evidence_lists_the_files_a_byte_scan_finds_until_vacuum(co
         made.append(c)
         if i % 2:
             drain_all(conn, lake)
+    acts.upsert_area(conn, keys, tree.b, status="committed")
     acts.validate_area(conn, keys, tree.b)
     drain_all(conn, lake)
     maintenance.compact(lake, keys.tenant_id)

@@ -33,6 +33,7 @@ and cannot know when it was shredded since the drain.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -545,7 +546,7 @@ def fold_outbox(
     """What the writer's fold makes of the tenant's ops for each table named in `through`
     (table name -> txn version), as rows by key: the ops with seq up to that version, in seq
     order, less the ones recorded as refused."""
-    state = TenantState(
+    given = dict(
         tenant_id=tenant_id,
         bronze=AppendWork(txn=2**62),  # bronze is checked from itself, not folded
         silver=KeyedWork(SILVER_CLAIMS, txn=0),
@@ -554,8 +555,12 @@ def fold_outbox(
         curated={},
         bodies=_BodyPresence(_stored_bodies(conn, tenant_id)),
         api_keys={k: owner for k, (owner, _) in public_keys(conn).items()},
+        # Only where the working state still has a drain clock for curated_at (curated rows
+        # are compared with silver, never with this fold).
         materialized_at=dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
     )
+    accepted = {f.name for f in dataclasses.fields(TenantState)}
+    state = TenantState(**{k: v for k, v in given.items() if k in accepted})
     works = {
         SILVER_CLAIMS.name: state.silver,
         GOLD_LINEAGE.name: state.lineage,
