@@ -428,3 +428,15 @@ def test_a_batch_half_committed_before_a_crash_is_no_row_finding(conn, lake, cle
     )
     drain_all(conn, lake)
     assert reconcile(conn, lake, clean.tenant_id).ok
+
+
+def test_an_op_applied_without_a_verdict_the_catalog_now_refuses(conn, lake):
+    work = seed_tenant(conn, bad=True)  # a self-signed promotion: refused at parse
+    drain_all(conn, lake)
+    ((seq,),) = conn.execute("SELECT seq FROM oml.lake_dead_letter").fetchall()
+    conn.execute("DELETE FROM oml.lake_dead_letter")  # as if the writer had applied it
+    result = reconcile(conn, lake, work.tenant_id)
+    assert failing(result) == {(SILVER_CLAIMS.name, rc.OUTBOX)}
+    (finding,) = result.result(SILVER_CLAIMS.name, rc.OUTBOX).findings
+    assert (finding.table, finding.key) == ("oml.outbox", f"seq {seq}")
+    assert "refused by the catalog now" in finding.detail and "self_signed" in finding.detail

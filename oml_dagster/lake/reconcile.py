@@ -540,9 +540,16 @@ def _stored_bodies(conn: psycopg.Connection, tenant_id: str) -> set[tuple[str, i
     return {(a, v) for a, v in rows}
 
 
-def fold_outbox(
-    conn: psycopg.Connection, tenant_id: str, through: dict[str, int]
-) -> dict[str, dict[tuple, dict]]:
+@dataclass
+class Fold:
+    """The read-only fold's result: rows by key per table, and the ops the writer applied that
+    today's catalog refuses to parse (seq, op, reason): rules tightened since they drained."""
+
+    tables: dict[str, dict[tuple, dict]]
+    unparsable: list[tuple[int, str, str]]
+
+
+def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int]) -> Fold:
     """What the writer's fold makes of the tenant's ops for each table named in `through`
     (table name -> txn version), as rows by key: the ops with seq up to that version, in seq
     order, less the ones recorded as refused."""
@@ -576,6 +583,7 @@ def fold_outbox(
         )
     }
     folded: dict[str, dict[tuple, dict]] = {}
+    unparsable: list[tuple[int, str, str]] = []
 
     def take_through(seq: int) -> None:
         while pending and pending[0][0] < seq:
@@ -593,11 +601,13 @@ def fold_outbox(
             continue
         try:
             op = catalog.parse(seq, journal_seq, tenant_id, name, payload)
-        except RefusedOp:
-            continue  # the writer records every refusal; a missing one is not a row difference
+        except RefusedOp as refusal:
+            # The writer records every refusal before it commits: this one it applied.
+            unparsable.append((seq, name, refusal.reason))
+            continue
         catalog.apply(op, state)
     take_through(2**63)
-    return folded
+    return Fold(folded, unparsable)
 
 
 def _body_agrees(lake_body: bytes | None, folded: Any) -> str | None:
@@ -616,13 +626,21 @@ def check_outbox(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str, 
     results = {spec.name: CheckResult(spec.name, OUTBOX, tenant_id) for spec in specs}
     tables = {spec.name: snapshot.one(spec) for spec in specs}
     through = {name: t.txn for name, t in tables.items() if t is not None}
-    folded = fold_outbox(conn, tenant_id, through)
+    fold = fold_outbox(conn, tenant_id, through)
+    silver = results[SILVER_CLAIMS.name]
+    for seq, name, reason in fold.unparsable:
+        silver.add(
+            "oml.outbox",
+            f"seq {seq}",
+            None,
+            f"{name} applied by the writer (no dead letter), refused by the catalog now: {reason}",
+        )
     for spec in specs:
         t = tables[spec.name]
         if t is None:
             continue
         result = results[spec.name]
-        expected = folded.get(spec.name, {})
+        expected = fold.tables.get(spec.name, {})
         actual: dict[tuple, dict] = {}
         for row in t.rows:
             key = tuple(row[c] for c in spec.merge_key)
