@@ -440,3 +440,26 @@ def test_an_op_applied_without_a_verdict_the_catalog_now_refuses(conn, lake):
     (finding,) = result.result(SILVER_CLAIMS.name, rc.OUTBOX).findings
     assert (finding.table, finding.key) == ("oml.outbox", f"seq {seq}")
     assert "refused by the catalog now" in finding.detail and "self_signed" in finding.detail
+
+
+@pytest.mark.s3
+def test_the_reconciler_and_the_evidence_on_an_s3_lake(conn, s3_lake):
+    from oml_dagster.lake.erasure import erased_artifacts
+
+    work = seed_tenant(conn, bad=False)
+    target = work.claims[0]
+    drain_all(conn, s3_lake)
+    acts.erase(conn, work.keys, target)  # after the drain: superseded files hold its body
+    drain_all(conn, s3_lake)
+    result = reconcile(conn, s3_lake, work.tenant_id)
+    assert result.ok, [r.samples() for r in result.failed()]
+    assert result.result(BRONZE_EVENTS.name, rc.CHAIN).checked > 10
+    evidence = erased_artifacts(conn, s3_lake, work.tenant_id)
+    found = {a.artifact_id: a for a in evidence.artifacts}
+    copies = found[target.artifact_id].copies
+    assert {c.copy_class for c in copies} == {"superseded"}
+    # In silver and in the validated area's curated table, relative to the tenant prefix.
+    assert {c.path.split("/part-")[0] for c in copies} == {
+        "silver/claims",
+        f"gold/curated/{work.areas[1]}",
+    }
