@@ -44,7 +44,7 @@ from dagster import (
 from oml_dagster.lake import reconcile as rc
 from oml_dagster.lake.erasure import erased_artifacts, erasure_evidence
 
-from .assets import CURATED, SILVER, TABLE_OF
+from .assets import CURATED, OUTBOX, SILVER, TABLE_OF
 from .jobs import ERASURE_EVIDENCE
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from .resources import LakeResource, PostgresResource, settings
@@ -56,7 +56,7 @@ warnings.filterwarnings(
 )
 
 SAMPLE = 5
-# Per-version rows shown in the evidence asset's metadata (the command prints them all).
+# Per-version rows shown in the evidence asset's metadata (`erasure-evidence --json` lists all).
 EVIDENCE_ROWS = 200
 
 ASSET_OF_TABLE: dict[str, AssetKey] = {spec.name: key for key, spec in TABLE_OF.items()}
@@ -85,7 +85,7 @@ DESCRIPTIONS = {
 
 def _spec(table: str, name: str) -> AssetCheckSpec:
     key = ASSET_OF_TABLE[table]
-    deps = [SILVER] if name == rc.CURATED else []
+    deps = {rc.CURATED: [SILVER], rc.OUTBOX: [OUTBOX], rc.DEAD_LETTERS: [OUTBOX]}.get(name, [])
     return AssetCheckSpec(
         name,
         asset=key,
