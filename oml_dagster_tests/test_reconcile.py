@@ -82,10 +82,14 @@ def clean(conn, lake) -> Clean:
     return Clean(work, other)
 
 
-def test_every_check_passes_on_a_simulated_workload_drained_in_small_batches(conn, dsn, lake):
-    report = run(dsn, WorkloadConfig(tenants=2, claims=40, seed=7, bad_ratio=0.06), RunConfig())
+@pytest.mark.parametrize(("seed", "max_batch"), [(7, 40), (8, 17), (9, 5000)])
+def test_every_check_passes_on_a_simulated_workload_drained_in_any_batches(
+    conn, dsn, lake, seed, max_batch
+):
+    report = run(dsn, WorkloadConfig(tenants=2, claims=40, seed=seed, bad_ratio=0.06), RunConfig())
     assert report.acts > 0
-    drain_all(conn, lake, config=WriterConfig(max_batch=40, txn_lag_limit=20))
+    config = WriterConfig(max_batch=max_batch, txn_lag_limit=max(1, max_batch // 2))
+    drain_all(conn, lake, config=config)
     tenants = [t for (t,) in conn.execute("SELECT DISTINCT tenant_id::text FROM oml.outbox")]
     assert len(tenants) == 2
     for tenant_id in tenants:
