@@ -10,9 +10,12 @@ import json
 import sys
 
 from .lake import db, deadletter, maintenance_cli, sequencer
+from .lake.doctor import DEFAULT_LAG_LIMIT, examine
 from .lake.drain import DrainPass, drain
-from .lake.erasure import erasure_evidence
+from .lake.erasure import erased_artifacts, erasure_evidence
 from .lake.errors import LakeError
+from .lake.maintenance import known_tenants
+from .lake.reconcile import reconcile
 from .lake.storage import Lake
 from .lake.writer import WriterConfig, lag
 from .simulate.cli import register as register_simulate
@@ -113,7 +116,17 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
         ]
         for tenant_id in tenants:
             evidence = erasure_evidence(conn, lake, tenant_id, cadence=cadence)
-            verdict = "holds" if evidence.ok else "BREACHED"
+            per_artifact = erased_artifacts(
+                conn, lake, tenant_id, cadence=cadence, now=evidence.checked_at
+            )
+            ok = evidence.ok and not per_artifact.overdue
+            breached |= not ok
+            if args.json:
+                report = per_artifact.as_dict()
+                report.update(ok=ok, findings=evidence.findings())
+                _print(json.dumps(report))
+                continue
+            verdict = "holds" if ok else "BREACHED"
             _print(
                 f"tenant {tenant_id}: erasure SLO {verdict} (bound {evidence.bound}, cadence "
                 f"{cadence}; data files within {evidence.data_deadline} of supersession)"
@@ -128,10 +141,79 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                 f"  erases: {len(evidence.pending_erases)} pending, "
                 f"{len(evidence.dead_lettered_erases)} dead-lettered"
             )
+            gone = [a for a in per_artifact.artifacts if not a.copies and a.status == "applied"]
+            _print(
+                f"  erased versions: {len(per_artifact.artifacts)}, {len(gone)} gone from every "
+                "file (the others below; --json lists all)"
+            )
+            for a in per_artifact.artifacts:
+                if not a.copies and a.status == "applied":
+                    continue
+                classes = sorted({c.copy_class for c in a.copies})
+                copies = f"{len(a.copies)} copies ({', '.join(classes)})" if a.copies else "gone"
+                _print(
+                    f"  erased {a.artifact_id} v{a.version} ({a.status}) at "
+                    f"{a.erased_at:%Y-%m-%dT%H:%M:%SZ}, deadline {a.deadline:%Y-%m-%dT%H:%M:%SZ}: "
+                    f"{copies}"
+                )
             for finding in evidence.findings():
                 _print(f"  finding: {finding}")
-            breached |= not evidence.ok
+            for a in per_artifact.overdue:
+                _print(
+                    f"  finding: {a.artifact_id} v{a.version} still in the lake past its deadline"
+                )
     return 1 if breached else 0
+
+
+def _tenants(conn, named: list[str] | None) -> list[str]:
+    return named or known_tenants(conn)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    lake = Lake.from_env()
+    found = False
+    with db.connect(autocommit=True) as conn:
+        for tenant_id in _tenants(conn, args.tenant):
+            result = reconcile(conn, lake, tenant_id)
+            found |= not result.ok
+            if args.json:
+                _print(json.dumps(result.as_dict()))
+                continue
+            failed = result.failed()
+            _print(
+                f"tenant {tenant_id}: {'agrees' if result.ok else 'FINDINGS'} "
+                f"({len(result.results) - len(failed)} of {len(result.results)} checks pass)"
+            )
+            for r in result.results:
+                verdict = "pass" if r.passed else f"FAIL {len(r.findings)}"
+                _print(f"  {r.table} {r.name}: {verdict} ({r.checked} checked)")
+                for line in r.samples(args.samples):
+                    _print(f"    {line}")
+    return 1 if found else 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    lake = Lake.from_env()
+    cadence = dt.timedelta(hours=args.cadence_hours)
+    lag_limit = dt.timedelta(seconds=args.lag_seconds)
+    unwell = False
+    with db.connect(autocommit=True) as conn:
+        for tenant_id in _tenants(conn, args.tenant):
+            health = examine(conn, lake, tenant_id, cadence=cadence, lag_limit=lag_limit)
+            unwell |= not health.healthy
+            if args.json:
+                _print(json.dumps(health.as_dict(), default=str))
+                continue
+            _print(
+                f"tenant {tenant_id}: {'ok' if health.healthy else 'NEEDS AN OPERATOR'}; lag "
+                f"{health.lag_ops} ops, {health.lag_seconds:.0f}s; {health.dead_letters} open "
+                f"dead letters; {len(health.checkpoint_overdue)} tables past their checkpoint "
+                f"interval; {len(health.failed_checks)} failed checks; "
+                f"{len(health.erasures_at_risk)} erasure deadlines at risk"
+            )
+            for problem in health.problems:
+                _print(f"  {problem}")
+    return 1 if unwell else 0
 
 
 def cmd_deadletter_list(args: argparse.Namespace) -> int:
@@ -190,7 +272,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=24,
         help="maintenance cadence allowed on top of the bound",
     )
+    ev.add_argument(
+        "--json", action="store_true", help="one JSON object per tenant, per erased version"
+    )
     ev.set_defaults(func=cmd_erasure_evidence)
+
+    rc = sub.add_parser(
+        "reconcile", help="every reconciler check of the lake against itself and the outbox"
+    )
+    rc.add_argument("--tenant", action="append", help="this tenant (repeatable; default all)")
+    rc.add_argument("--json", action="store_true", help="one JSON object per tenant")
+    rc.add_argument("--samples", type=int, default=5, help="findings shown per failed check")
+    rc.set_defaults(func=cmd_reconcile)
+
+    dc = sub.add_parser("doctor", help="one screen per tenant: what needs an operator")
+    dc.add_argument("--tenant", action="append", help="this tenant (repeatable; default all)")
+    dc.add_argument("--json", action="store_true", help="one JSON object per tenant")
+    dc.add_argument(
+        "--cadence-hours",
+        type=float,
+        default=24,
+        help="maintenance cadence: an erasure within this of its deadline is at risk",
+    )
+    dc.add_argument(
+        "--lag-seconds",
+        type=float,
+        default=DEFAULT_LAG_LIMIT.total_seconds(),
+        help="drain lag beyond which an operator is needed",
+    )
+    dc.set_defaults(func=cmd_doctor)
 
     dl = sub.add_parser("deadletter", help="refused ops").add_subparsers(
         dest="dl_command", required=True

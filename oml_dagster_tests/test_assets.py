@@ -48,8 +48,8 @@ def materialize(defs, instance, tenant_id: str) -> dict[str, dict]:
         m = event.event_specific_data.materialization
         assert m.partition == tenant_id
         found[m.asset_key.to_user_string()] = {k: v.value for k, v in m.metadata.items()}
-    assert sorted(found) == sorted(LAKE_KEYS)
-    return found
+    assert sorted(found) == sorted([*LAKE_KEYS, "reconciler/erasure_evidence"])
+    return {k: v for k, v in found.items() if k in LAKE_KEYS}
 
 
 def test_a_run_lands_the_same_tables_as_the_core_drain(conn, lake, tmp_path, defs, instance):
@@ -150,18 +150,19 @@ def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):
     # A backfill or a UI run: drain, then check.
     result = job.execute_in_process(partition_key=work.tenant_id, instance=instance)
     evaluations = result.get_asset_check_evaluations()
-    assert len(evaluations) == 9
-    assert all(e.passed for e in evaluations), [(e.check_name, e.metadata) for e in evaluations]
+    assert len(evaluations) == len(LAKE_CHECK_KEYS) == 21
+    # The seeded self-signed promotion is an open dead letter: the one finding.
+    failed = [(e.check_name, e.metadata) for e in evaluations if not e.passed]
+    assert [name for name, _ in failed] == ["no_open_dead_letters"], failed
+    assert "self_signed" in failed[0][1]["sample_findings"].value[0]
     assert {e.partition for e in evaluations} == {work.tenant_id}
     by_name = {(e.asset_key.to_user_string(), e.check_name): e for e in evaluations}
-    assert (
-        by_name[("silver/claims", "erased_rows_carry_no_body")].metadata["erased_rows"].value == 1
-    )
+    assert by_name[("silver/claims", "erased_rows_carry_no_body")].metadata["checked"].value == 1
     slo = by_name[("silver/claims", "erasure_slo_holds")].metadata
     assert slo["erased_rows"].value == 1 and slo["overdue_files"].value == 0
-    assert by_name[("bronze/events", "tenant_id_matches_partition")].metadata[
-        "rows_checked"
-    ].value == (13)
+    assert by_name[("bronze/events", "tenant_id_matches_partition")].metadata["checked"].value == (
+        13
+    )
     record = instance.event_log_storage.get_asset_check_execution_history(
         evaluations[0].asset_check_key, limit=1
     )[0]
@@ -209,5 +210,7 @@ def test_the_checks_fail_on_a_corrupted_table(conn, lake, defs, instance):
         ("silver/claims", "tenant_id_matches_partition"),
         ("silver/claims", "erased_rows_carry_no_body"),
         ("silver/claims", "erasure_slo_holds"),  # an erased row keeps a body
+        ("silver/claims", "agrees_with_outbox"),  # a second row for the version
+        ("silver/claims", "no_open_dead_letters"),  # the seeded self-signed promotion
         ("gold/curated", "curated_agrees_with_silver"),
     }

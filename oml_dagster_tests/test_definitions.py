@@ -37,7 +37,9 @@ EXPECTED_ASSETS = {
     "gold/lineage": ("gold", {"silver/claims"}),
     "gold/areas": ("gold", {"bronze/events"}),
     "gold/curated": ("gold", {"silver/claims", "gold/areas"}),
+    "reconciler/erasure_evidence": ("reconciler", {"silver/claims", "gold/curated"}),
 }
+LAKE_TABLES = set(EXPECTED_ASSETS) - {"postgres/outbox", "reconciler/erasure_evidence"}
 LAKE_ASSETS = set(EXPECTED_ASSETS) - {"postgres/outbox"}
 EXPECTED_CHECKS = {
     ("bronze/events", "tenant_id_matches_partition"),
@@ -49,6 +51,14 @@ EXPECTED_CHECKS = {
     ("gold/curated", "erased_rows_carry_no_body"),
     ("gold/curated", "curated_agrees_with_silver"),
     ("silver/claims", "erasure_slo_holds"),
+    ("bronze/events", "journal_chain_verifies"),
+    ("silver/claims", "bodies_match_digests"),
+    ("silver/claims", "agrees_with_outbox"),
+    ("gold/lineage", "agrees_with_outbox"),
+    ("gold/areas", "agrees_with_outbox"),
+    ("silver/claims", "no_open_dead_letters"),
+    ("gold/curated", "no_simulation_tainted_rows"),
+    *((table, "frontier_matches_delta_log") for table in LAKE_TABLES),
 }
 
 
@@ -74,11 +84,13 @@ def test_asset_graph_is_pinned(repo):
         assert isinstance(node.partitions_def, DynamicPartitionsDefinition), path
         assert node.partitions_def.name == TENANT_PARTITIONS_NAME, path
     # The outbox is external (observed, never materialized by this code location); the five
-    # lake tables are one multi-asset, written by one step.
+    # lake tables are one multi-asset, written by one step; the erasure evidence is its own.
     assert not graph.get(key("postgres/outbox")).is_executable
     lake_nodes = {graph.get(key(p)) for p in LAKE_ASSETS}
     assert all(n.is_executable for n in lake_nodes)
-    assert len({id(graph.get(key(p)).assets_def) for p in LAKE_ASSETS}) == 1
+    assert len({id(graph.get(key(p)).assets_def) for p in LAKE_TABLES}) == 1
+    evidence = graph.get(key("reconciler/erasure_evidence")).assets_def
+    assert evidence is not graph.get(key("silver/claims")).assets_def
     assert TENANT_PARTITIONS_NAME == "oml_lake_tenants"
 
 
@@ -158,7 +170,7 @@ def test_reconcile_schedule_requests_checks_only_per_tenant(defs, repo):
         requests = schedule.evaluate_tick(context).run_requests
     assert sorted(r.partition_key for r in requests) == ["t1", "t2"]
     for request in requests:
-        assert list(request.asset_selection) == []
+        assert list(request.asset_selection) == [key("reconciler/erasure_evidence")]
         assert {(k.asset_key.to_user_string(), k.name) for k in request.asset_check_keys} == (
             EXPECTED_CHECKS
         )

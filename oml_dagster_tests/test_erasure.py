@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -16,8 +17,8 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
-from oml_dagster.lake import maintenance
-from oml_dagster.lake.erasure import erasure_evidence
+from oml_dagster.lake import deadletter, maintenance
+from oml_dagster.lake.erasure import erased_artifacts, erasure_evidence
 from oml_dagster.lake.storage import Lake, conform, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, GOLD_CURATED, SILVER_CLAIMS, TableSpec
 from oml_dagster.simulate import acts, producer
@@ -252,6 +253,15 @@ def test_erasure_evidence_reports_dead_lettered_and_waiting_erases(conn, lake):
     later = dt.datetime.now(dt.UTC) + BOUND + CADENCE + dt.timedelta(seconds=1)
     late = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=later)
     assert not late.ok and any(f"erase of {held.artifact_id}" in f for f in late.findings())
+    statuses = {
+        a.artifact_id: (a.status, a.overdue(later), a.copies)
+        for a in erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE, now=later).artifacts
+    }
+    # The lake never held the ghost and its dead letter is closed; the held one waits with its
+    # body still in the live version, past its deadline.
+    assert statuses[ghost.artifact_id] == ("refused", False, [])
+    status, overdue, copies = statuses[held.artifact_id]
+    assert (status, overdue, [c.copy_class for c in copies]) == ("pending", True, ["live"])
     drain_all(conn, lake)
     assert erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE).pending_erases == []
 
@@ -300,3 +310,182 @@ def test_a_superseded_file_ages_from_its_removal_not_its_writing(conn, lake):
     evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
     silver = next(t for t in evidence.tables if t.table == SILVER_CLAIMS.name)
     assert silver.overdue_files == [orphan.name]
+
+
+# --- blind spots of the evidence (each failed on the evidence before it was fixed) ---------------
+
+
+def test_a_requeued_erase_ages_from_the_original_erase(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    c = claim(tree.a)
+    acts.promote(conn, keys, c, b"to be erased")
+    drain_all(conn, lake)
+    an_hour_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    bad = {
+        "artifact_id": c.artifact_id,
+        "version": str(c.version),
+        "at": producer.instant(an_hour_ago),
+    }
+    producer.commit_act(conn, keys, c.event("claim.erased", bad), [("claim.erase", bad)])
+    conn.execute("UPDATE oml.outbox SET created_at = %s WHERE op = 'claim.erase'", (an_hour_ago,))
+    drain_all(conn, lake)
+    (seq,) = [s for (s,) in conn.execute("SELECT seq FROM oml.lake_dead_letter")]
+    refused = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert not refused.ok and refused.dead_lettered_erases[0][0] == seq
+
+    # An operator fixes the payload and re-enqueues it an hour later; it is not drained yet.
+    deadletter.requeue(conn, seq, "operator", payload=dict(bad, version=c.version))
+    waiting = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert waiting.dead_lettered_erases == []
+    ((_, artifact_id, age),) = waiting.pending_erases
+    assert artifact_id == c.artifact_id and age >= 3600 - 5, "aged from the first erase"
+    assert not waiting.ok, "waiting an hour past a 3 s SLO is a breach, requeue or not"
+    (erased,) = erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE).artifacts
+    assert erased.status == "pending" and erased.erased_at <= an_hour_ago + dt.timedelta(seconds=1)
+
+    drain_all(conn, lake)
+    applied = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert applied.pending_erases == [] and applied.ok, applied.findings()
+
+
+def test_a_table_without_a_checkpoint_has_its_log_checked(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    for i in range(3):
+        acts.promote(conn, keys, claim(tree.a), f"body {i}".encode())
+        drain_all(conn, lake)
+    silver_uri = lake.table_uri(keys.tenant_id, SILVER_CLAIMS)
+    assert maintenance.last_checkpoint(lake, silver_uri) is None
+    long_ago = time.time() - 86400
+    log = sorted((Path(silver_uri) / "_delta_log").glob("*.json"))
+    assert len(log) >= 3
+    for entry in log:
+        os.utime(entry, (long_ago, long_ago))
+    evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    silver = next(t for t in evidence.tables if t.table == SILVER_CLAIMS.name)
+    # Every entry but the latest is one a checkpoint would let log cleanup expire.
+    assert silver.overdue_log_entries == [e.name for e in log[:-1]]
+    assert not evidence.ok
+
+    maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    after = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert after.ok, after.findings()
+
+
+def test_a_lake_restored_from_before_an_erase_fails_the_evidence(conn, lake, tmp_path):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    c = claim(tree.a)
+    acts.promote(conn, keys, c, b"restored with the backup")
+    drain_all(conn, lake)
+    prefix = Path(lake.tenant_uri(keys.tenant_id))
+    shutil.copytree(prefix, tmp_path / "backup")
+    acts.erase(conn, keys, c)
+    drain_all(conn, lake)
+    assert erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE).pending_erases == []
+
+    # The lake comes back from the old copy; the frontier cache in Postgres still says drained.
+    shutil.rmtree(prefix)
+    shutil.copytree(tmp_path / "backup", prefix)
+    evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert [p[1] for p in evidence.pending_erases] == [c.artifact_id]
+    later = dt.datetime.now(dt.UTC) + BOUND + CADENCE + dt.timedelta(seconds=1)
+    late = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=later)
+    assert not late.ok and any(f"erase of {c.artifact_id}" in f for f in late.findings())
+    (erased,) = erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE).artifacts
+    assert erased.status == "pending"
+    assert [copy.copy_class for copy in erased.copies] == ["live"]
+
+
+# --- per erased version ------------------------------------------------------------------------
+
+
+def test_per_artifact_evidence_lists_the_files_a_byte_scan_finds_until_vacuum(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    made, ciphertexts = [], {}
+    for i in range(6):
+        workarea, path = (tree.a, "u.a") if i % 3 == 0 else (tree.b, "u.b")
+        c = claim(workarea, path)
+        ciphertexts[c.artifact_id] = acts.promote(conn, keys, c, f"body {i}".encode()).ciphertext
+        made.append(c)
+        if i % 2:
+            drain_all(conn, lake)
+    acts.upsert_area(conn, keys, tree.b, status="committed")
+    acts.validate_area(conn, keys, tree.b)
+    drain_all(conn, lake)
+    maintenance.compact(lake, keys.tenant_id)
+    leave_orphan(lake, keys.tenant_id, SILVER_CLAIMS)
+    leave_orphan(lake, keys.tenant_id, GOLD_CURATED, tree.b)
+    assert erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE).artifacts == []
+
+    targets = [made[1], made[3]]  # one in the validated area (curated too), one not
+    for c in targets:
+        acts.erase(conn, keys, c)
+    drain_all(conn, lake)
+    erased_at = time.time()
+    evidence = erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert sorted(a.artifact_id for a in evidence.artifacts) == sorted(
+        c.artifact_id for c in targets
+    )
+    for artifact in evidence.artifacts:
+        scanned = files_holding(lake, keys.tenant_id, ciphertexts[artifact.artifact_id])
+        assert sorted(c.path for c in artifact.copies) == scanned
+        assert {c.copy_class for c in artifact.copies} == {"superseded", "orphan"}
+        assert artifact.status == "applied"
+        assert artifact.deadline == artifact.applied_at + BOUND + CADENCE
+        for copy in artifact.copies:
+            assert artifact.applied_at < copy.expires_at <= artifact.deadline + CADENCE
+    in_curated = next(a for a in evidence.artifacts if a.artifact_id == made[1].artifact_id)
+    assert any(c.table == f"gold.curated/{tree.b}" for c in in_curated.copies)
+
+    wait_out(BOUND, erased_at)
+    maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    after = erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE)
+    assert [a.copies for a in after.artifacts] == [[], []]
+    for c in targets:
+        assert files_holding(lake, keys.tenant_id, ciphertexts[c.artifact_id]) == []
+
+
+def test_erasure_evidence_json_lists_every_erased_version(conn, dsn, lake):
+    import json
+    import subprocess
+    import sys
+
+    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    tree = make_tree(conn, keys)
+    c = claim(tree.a)
+    acts.promote(conn, keys, c, b"json")
+    drain_all(conn, lake)
+    acts.erase(conn, keys, c)
+    drain_all(conn, lake)
+    env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": lake.root}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "oml_dagster.cli",
+            "erasure-evidence",
+            "--tenant",
+            keys.tenant_id,
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["tenant_id"] == keys.tenant_id
+    assert report["bound_seconds"] == BOUND.total_seconds()
+    (artifact,) = report["artifacts"]
+    assert artifact["artifact_id"] == c.artifact_id and artifact["version"] == c.version
+    assert artifact["erased_at"] < artifact["deadline"]
+    assert artifact["copies"], "the superseded file is still there"
+    assert {copy["class"] for copy in artifact["copies"]} == {"superseded"}
+    assert all(
+        copy["expires_at"] and copy["path"].startswith("silver/claims/")
+        for copy in artifact["copies"]
+    )

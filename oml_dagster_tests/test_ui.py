@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 NODES = {"outbox": "postgres", "events": "bronze", "claims": "silver"}
-NODES |= {"lineage": "gold", "areas": "gold", "curated": "gold"}
+NODES |= {"lineage": "gold", "areas": "gold", "curated": "gold", "erasure_evidence": "reconciler"}
 # The outbox's downstream lineage holds the whole graph; a large window keeps node details.
 GRAPH_PATH = "/assets/postgres/outbox?view=lineage&lineageScope=downstream&lineageDepth=4"
 WINDOW = "--window-size=2400,1400"

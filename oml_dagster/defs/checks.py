@@ -1,38 +1,51 @@
-"""Reconciler checks on the lake assets, stored per tenant partition: every row belongs to the
-partition's tenant, erased rows carry no body, and curated rows agree with silver on retracts.
+"""The reconciler in Dagster: its checks on the lake assets and the per-tenant erasure evidence
+asset, all stored per tenant partition, all thin wrappers of the core (`lake.reconcile`,
+`lake.erasure`), so the UI and `oml-lake reconcile` / `erasure-evidence` say the same thing.
 
-They scan whole tables (narrow columns only), so the outbox sensor's runs leave them out (a run's
-cost stays one batch); the reconcile schedule runs them alone, per tenant, in the lake-writer job
-(under the same lease), and a backfill or a run from the UI runs them after the drain.
+One multi-asset check (`reconciler`) runs the core's checks for the tenant once and reports each
+on its asset: every row's tenant_id is the partition's; the frontier cache equals each table's
+Delta txn version; the journal chain verifies from bronze alone; silver bodies match their digests
+and the journal; silver, lineage and areas equal what the outbox folds to; open dead letters (an
+erase among them is an erasure-SLO breach in progress); erased rows carry no body; curated rows
+are their silver rows and none is simulation-tainted. `erasure_slo_holds` is the tenant's erasure
+evidence as one verdict; the `reconciler/erasure_evidence` asset lists every erased claim version
+with its deadline and the files still holding its ciphertext.
+
+They scan whole tables, so the outbox sensor's runs leave them out (a run's cost stays one
+batch); the reconcile schedule runs them alone, per tenant, in the lake-writer job (under the
+same lease), and a backfill or a run from the UI runs them after the drain.
 """
 
 import datetime as dt
 import warnings
+from collections.abc import Iterator
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
+    AssetCheckSpec,
+    AssetExecutionContext,
     AssetKey,
     DefaultScheduleStatus,
+    MaterializeResult,
+    MetadataValue,
     PreviewWarning,
     RunRequest,
     ScheduleEvaluationContext,
     SkipReason,
+    asset,
     asset_check,
+    multi_asset_check,
     schedule,
 )
-from deltalake import DeltaTable
 
-from oml_dagster.lake.erasure import erasure_evidence
-from oml_dagster.lake.storage import Lake, query, tenant_tables
-from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS, TableSpec
+from oml_dagster.lake import reconcile as rc
+from oml_dagster.lake.erasure import erased_artifacts, erasure_evidence
 
-from .assets import CURATED, SILVER, TABLE_OF
-from .jobs import LAKE_ASSET_KEYS, lake_writer_job
+from .assets import CURATED, OUTBOX, SILVER, TABLE_OF
+from .jobs import ERASURE_EVIDENCE
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from .resources import LakeResource, PostgresResource, settings
 
@@ -42,126 +55,75 @@ warnings.filterwarnings(
     "ignore", "Specifying a partitions_def on an AssetCheckSpec", category=PreviewWarning
 )
 
-RETRACTED = ("demoted", "erased")
 SAMPLE = 5
+# Per-version rows shown in the evidence asset's metadata (`erasure-evidence --json` lists all).
+EVIDENCE_ROWS = 200
 
-
-def _tables(lake: Lake, tenant_id: str, key: AssetKey) -> list[tuple[str, DeltaTable]]:
-    """The asset's existing tables for the tenant: one, or one per validated workarea."""
-    name = TABLE_OF[key].name
-    found = []
-    for table_name, _, uri in tenant_tables(lake, tenant_id):
-        if table_name == name or (key == CURATED and table_name.startswith(name + "/")):
-            table = lake.open(uri)
-            if table is not None:
-                found.append((table_name, table))
-    return found
-
-
-def _read(table: DeltaTable, spec: TableSpec, columns: list[str], where: str | None = None):
-    """Columns of `table` in the spec's Arrow types (MERGE writes view types, nested ones too)."""
-    data = query(table, ", ".join(columns), where)
-    return data.select(columns).cast(pa.schema([spec.schema.field(c) for c in columns]))
-
-
-def _tenant_check(key: AssetKey) -> AssetChecksDefinition:
-    @asset_check(
-        asset=key,
-        name="tenant_id_matches_partition",
-        partitions_def=tenant_partitions,
-        description="Every row's tenant_id is the partition's tenant.",
-    )
-    def check(context: AssetCheckExecutionContext, lake: LakeResource) -> AssetCheckResult:
-        tenant_id = context.partition_key
-        rows = wrong = 0
-        samples: list[str] = []
-        for _, table in _tables(lake.get_lake(), tenant_id, key):
-            column = _read(table, TABLE_OF[key], ["tenant_id"]).column("tenant_id")
-            rows += len(column)
-            others = pc.filter(column, pc.not_equal(column, tenant_id))
-            wrong += len(others)
-            samples += others.unique().to_pylist()[: SAMPLE - len(samples)]
-        return AssetCheckResult(
-            passed=wrong == 0,
-            metadata={"rows_checked": rows, "rows_failing": wrong, "other_tenants": samples},
-        )
-
-    return check
-
-
-def _erased_check(key: AssetKey) -> AssetChecksDefinition:
-    @asset_check(
-        asset=key,
-        name="erased_rows_carry_no_body",
-        partitions_def=tenant_partitions,
-        description="An erased row has neither body_ciphertext nor attachments.",
-    )
-    def check(context: AssetCheckExecutionContext, lake: LakeResource) -> AssetCheckResult:
-        erased = failing = 0
-        samples: list[str] = []
-        for _, table in _tables(lake.get_lake(), context.partition_key, key):
-            rows = _read(
-                table,
-                TABLE_OF[key],
-                ["artifact_id", "version", "body_ciphertext", "attachments"],
-                where="state = 'erased'",
-            )
-            erased += rows.num_rows
-            bad = rows.filter(
-                pc.or_(pc.is_valid(rows["body_ciphertext"]), pc.is_valid(rows["attachments"]))
-            )
-            failing += bad.num_rows
-            samples += [
-                f"{r['artifact_id']}:{r['version']}"
-                for r in bad.select(["artifact_id", "version"]).to_pylist()[: SAMPLE - len(samples)]
-            ]
-        return AssetCheckResult(
-            passed=failing == 0,
-            metadata={"erased_rows": erased, "rows_failing": failing, "failing_keys": samples},
-        )
-
-    return check
-
-
-@asset_check(
-    asset=CURATED,
-    name="curated_agrees_with_silver",
-    partitions_def=tenant_partitions,
-    additional_deps=[SILVER],
-    description=(
-        "Every curated row exists in silver, and a row demoted or erased in either table is in "
-        "the same retracted state in both (retracts reach curated under the same op)."
+ASSET_OF_TABLE: dict[str, AssetKey] = {spec.name: key for key, spec in TABLE_OF.items()}
+DESCRIPTIONS = {
+    rc.TENANT_ID: "Every row's tenant_id is the partition's tenant.",
+    rc.FRONTIER: "The Postgres frontier cache equals the table's Delta txn version.",
+    rc.CHAIN: (
+        "From bronze alone and the public keys: journal_seq 1..n once each, hash = "
+        "SHA-256(prev_hash || signed_bytes), prev_hash the previous hash, every Ed25519 sig valid."
     ),
-)
-def curated_agrees_with_silver(
-    context: AssetCheckExecutionContext, lake: LakeResource
-) -> AssetCheckResult:
-    store = lake.get_lake()
-    tenant_id = context.partition_key
-    silver: dict[tuple[str, int], list[str]] = {}
-    for _, table in _tables(store, tenant_id, SILVER):
-        for r in _read(table, SILVER_CLAIMS, ["artifact_id", "version", "state"]).to_pylist():
-            silver.setdefault((r["artifact_id"], r["version"]), []).append(r["state"])
-    checked = failing = 0
-    samples: list[str] = []
-    for name, table in _tables(store, tenant_id, CURATED):
-        for row in _read(table, GOLD_CURATED, ["artifact_id", "version", "state"]).to_pylist():
-            checked += 1
-            key = (row["artifact_id"], row["version"])
-            theirs = silver.get(key, [])
-            # One silver row per key; a retract on either side is on both.
-            agrees = len(theirs) == 1 and (
-                theirs[0] == row["state"]
-                or (theirs[0] not in RETRACTED and row["state"] not in RETRACTED)
-            )
-            if not agrees:
-                failing += 1
-                if len(samples) < SAMPLE:
-                    samples.append(f"{name} {key[0]}:{key[1]} {row['state']} vs silver {theirs}")
-    return AssetCheckResult(
-        passed=failing == 0,
-        metadata={"curated_rows": checked, "rows_failing": failing, "disagreements": samples},
+    rc.ERASED: "An erased row has neither body_ciphertext nor attachments.",
+    rc.BODIES: (
+        "SHA-256(body_ciphertext) = ciphertext_digest, the digest the journal event carried."
+    ),
+    rc.OUTBOX: "Every row equals what the outbox ops up to the table's txn version fold to.",
+    rc.DEAD_LETTERS: (
+        "No open dead letter; a dead-lettered erase is an erasure-SLO breach in progress."
+    ),
+    rc.CURATED: (
+        "Every curated row is its silver row (state, body and the rest), and every promoted "
+        "silver row of a validated area is curated."
+    ),
+    rc.TAINT: "No simulation-tainted row in any curated table.",
+}
+
+
+def _spec(table: str, name: str) -> AssetCheckSpec:
+    key = ASSET_OF_TABLE[table]
+    deps = {rc.CURATED: [SILVER], rc.OUTBOX: [OUTBOX], rc.DEAD_LETTERS: [OUTBOX]}.get(name, [])
+    return AssetCheckSpec(
+        name,
+        asset=key,
+        description=DESCRIPTIONS[name],
+        additional_deps=deps or None,
+        partitions_def=tenant_partitions,
     )
+
+
+RECONCILER_SPECS = [_spec(table, name) for table, name in rc.CHECKS]
+_CHECK_OF_KEY = {
+    AssetCheckKey(ASSET_OF_TABLE[table], name): (table, name) for table, name in rc.CHECKS
+}
+
+
+@multi_asset_check(
+    name="reconciler",
+    specs=RECONCILER_SPECS,
+    can_subset=True,
+    description="The key-less reconciler's checks for the tenant, one pass over its tables.",
+)
+def reconciler(
+    context: AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> Iterator[AssetCheckResult]:
+    selected = [_CHECK_OF_KEY[k] for k in context.selected_asset_check_keys]
+    with postgres.connect() as conn:
+        result = rc.reconcile(conn, lake.get_lake(), context.partition_key, only=selected)
+    for r in result.results:
+        yield AssetCheckResult(
+            asset_key=ASSET_OF_TABLE[r.table],
+            check_name=r.name,
+            passed=r.passed,
+            metadata={
+                "checked": r.checked,
+                "findings": len(r.findings),
+                "sample_findings": r.samples(SAMPLE),
+            },
+        )
 
 
 @asset_check(
@@ -197,25 +159,56 @@ def erasure_slo_holds(
     )
 
 
-LAKE_CHECKS: list[AssetChecksDefinition] = [
-    *(_tenant_check(key) for key in LAKE_ASSET_KEYS),
-    _erased_check(SILVER),
-    _erased_check(CURATED),
-    curated_agrees_with_silver,
-    erasure_slo_holds,
-]
+@asset(
+    key=ERASURE_EVIDENCE,
+    group_name="reconciler",
+    deps=[SILVER, CURATED],
+    partitions_def=tenant_partitions,
+    kinds={"deltalake"},
+    description=(
+        "Erasure evidence per tenant: every erased claim version, its SLO deadline (drain lag + "
+        "erasure bound + one maintenance cadence), and each file of each copy class (live, "
+        "superseded or orphan Parquet, log entry, checkpoint) still holding its ciphertext."
+    ),
+)
+def erasure_evidence_asset(
+    context: AssetExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> MaterializeResult:
+    cadence = dt.timedelta(seconds=settings.erasure_cadence_seconds)
+    with postgres.connect() as conn:
+        evidence = erased_artifacts(conn, lake.get_lake(), context.partition_key, cadence=cadence)
+    report = evidence.as_dict()
+    with_copies = [a for a in evidence.artifacts if a.copies]
+    return MaterializeResult(
+        metadata={
+            "bound_seconds": evidence.bound.total_seconds(),
+            "cadence_seconds": cadence.total_seconds(),
+            "erased_versions": len(evidence.artifacts),
+            "versions_with_copies": len(with_copies),
+            "copies": sum(len(a.copies) for a in evidence.artifacts),
+            "overdue_versions": len(evidence.overdue),
+            "at_risk_versions": len(evidence.at_risk()),
+            "artifacts_shown": min(len(evidence.artifacts), EVIDENCE_ROWS),
+            "artifacts": MetadataValue.json(
+                dict(report, artifacts=report["artifacts"][:EVIDENCE_ROWS])
+            ),
+        }
+    )
+
+
+LAKE_CHECKS: list[AssetChecksDefinition] = [reconciler, erasure_slo_holds]
 LAKE_CHECK_KEYS: list[AssetCheckKey] = [key for c in LAKE_CHECKS for key in c.check_keys]
 
 
 @schedule(
     name="reconcile_schedule",
-    job=lake_writer_job,
+    job_name="lake_writer_job",
     cron_schedule=settings.reconcile_cron,
     execution_timezone=settings.schedule_timezone,
     default_status=(
         DefaultScheduleStatus.RUNNING if settings.autostart else DefaultScheduleStatus.STOPPED
     ),
-    description="Runs the reconciler checks once per tenant partition.",
+    description=("Runs the reconciler checks and the erasure evidence once per tenant partition."),
 )
 def reconcile_schedule(context: ScheduleEvaluationContext):
     tenants = context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
@@ -226,7 +219,7 @@ def reconcile_schedule(context: ScheduleEvaluationContext):
         RunRequest(
             run_key=f"{t}:{tick}",
             partition_key=t,
-            asset_selection=[],
+            asset_selection=[ERASURE_EVIDENCE],
             asset_check_keys=LAKE_CHECK_KEYS,
         )
         for t in tenants

@@ -11,6 +11,17 @@ cadence. Evidence is read from storage and Postgres, never from keys (the writer
   cleanup can only drop entries below a checkpoint that is itself past the bound;
 - erases not yet in the lake: none dead-lettered and not re-enqueued (a breach in progress), none
   waiting longer than bound + cadence.
+
+An erase is in the lake when the live silver table shows the version erased: the Delta log is
+the authority, never the frontier cache (a lake restored from an old copy holds the body again
+and its erases wait again). An erase ages from the first erase act of the version, whatever
+became of it: a dead-lettered erase that an operator re-enqueues keeps its original clock.
+A table without a checkpoint has its log entries checked too: all but the latest are what a
+checkpoint at the latest version would let log cleanup expire.
+
+`erased_artifacts` is the same evidence per erased claim version: its SLO deadline and every file
+of every copy class (live version, superseded or orphan Parquet, log entry or checkpoint) that
+still holds its ciphertext, found by reading the files themselves (docs/decisions/0015).
 """
 
 from __future__ import annotations
@@ -21,11 +32,12 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 import psycopg
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .maintenance import LOG_DIR, filesystem, last_checkpoint, list_files, live_files
 from .storage import Lake, query, tenant_tables
-from .tables import APP_ID, GOLD_CURATED, SILVER_CLAIMS
+from .tables import GOLD_CURATED, SILVER_CLAIMS
 from .writer import erasure_bound
 
 DEFAULT_CADENCE = dt.timedelta(days=1)
@@ -126,6 +138,12 @@ def _removed_at(lake: Lake, uri: str, log_names) -> dict[str, dt.datetime]:
     return {p: dt.datetime.fromtimestamp(ms / 1000, dt.UTC) for p, ms in stamps.items()}
 
 
+def _log_boundary(lake: Lake, uri: str, table) -> int:
+    """Log entries below this version are ones log cleanup can expire (given a checkpoint)."""
+    checkpoint = last_checkpoint(lake, uri)
+    return checkpoint if checkpoint is not None else table.version()
+
+
 def _table_evidence(
     lake: Lake,
     name: str,
@@ -150,13 +168,15 @@ def _table_evidence(
         if (since := removed.get(p) or listing.data_mtime.get(p)) is not None
         and since < now - data_deadline
     )
-    checkpoint = last_checkpoint(lake, uri)
+    # Below the last checkpoint, or, with none, below the latest version (a checkpoint there is
+    # what log cleanup would need to expire them; maintenance writes one once they outlive the
+    # bound).
+    expirable_below = _log_boundary(lake, uri, table)
     overdue_log = sorted(
         entry
         for entry, (_, mtime) in listing.log.items()
         if entry[:20].isdigit()
-        and checkpoint is not None
-        and int(entry[:20]) < checkpoint
+        and int(entry[:20]) < expirable_below
         and mtime is not None
         and mtime < now - log_deadline
     )
@@ -181,33 +201,295 @@ def erasure_evidence(
             evidence.tables.append(
                 _table_evidence(lake, name, uri, now, bound + cadence, bound + 2 * cadence)
             )
+    erases = _erases(conn, tenant_id)
     evidence.dead_lettered_erases = [
-        (seq, payload.get("artifact_id", "?") if isinstance(payload, dict) else "?", reason)
-        for seq, payload, reason in conn.execute(
-            "SELECT seq, payload, reason FROM oml.lake_dead_letter"
-            " WHERE tenant_id = %s AND op = 'claim.erase' AND requeued_at IS NULL ORDER BY seq",
-            (tenant_id,),
-        )
+        (e.seq, e.artifact_id, e.reason) for e in erases if e.open_dead_letter
     ]
-    # Applied: at or below silver's txn version, or below what the writer last drained silver
-    # through (an erase of a row already erased changes nothing and so commits nothing).
-    silver = lake.open(lake.table_uri(tenant_id, SILVER_CLAIMS))
-    applied_through = (silver.transaction_version(APP_ID) or 0) if silver is not None else 0
-    drained = conn.execute(
-        "SELECT batch_end FROM oml.lake_frontier WHERE tenant_id = %s AND table_name = %s",
-        (tenant_id, SILVER_CLAIMS.name),
-    ).fetchone()
-    if silver is not None and drained:
-        applied_through = max(applied_through, drained[0])
+    # In the lake: the live silver table shows the version erased. The Delta table is the
+    # authority; the frontier cache would pass a lake restored from before the erase.
+    in_lake = _erased_in_silver(lake, tenant_id)
+    first = _first_erased_at(erases)
     evidence.pending_erases = [
-        (outbox_id, payload.get("artifact_id", "?"), (now - created).total_seconds())
-        for outbox_id, payload, created in conn.execute(
-            "SELECT o.id, o.payload, o.created_at FROM oml.outbox o"
-            " WHERE o.tenant_id = %s AND o.op = 'claim.erase'"
-            " AND (o.seq IS NULL OR o.seq > %s)"
-            " AND NOT EXISTS (SELECT 1 FROM oml.lake_dead_letter d WHERE d.seq = o.seq)"
-            " ORDER BY o.id",
-            (tenant_id, applied_through),
-        )
+        (e.outbox_id, e.artifact_id, (now - first[e.key]).total_seconds())
+        for e in erases
+        if not e.refused and e.key not in in_lake
     ]
+    return evidence
+
+
+@dataclass(frozen=True)
+class _Erase:
+    """One claim.erase outbox row of the tenant, and what the writer made of it."""
+
+    outbox_id: int
+    seq: int | None
+    artifact_id: str
+    version: int | None
+    at: dt.datetime  # the act's instant, or the row's creation when earlier or unreadable
+    refused: bool  # dead-lettered (re-enqueued or not)
+    open_dead_letter: bool  # dead-lettered and nobody re-enqueued it
+    reason: str | None
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        return (self.artifact_id, self.version)
+
+
+def _erases(conn: psycopg.Connection, tenant_id: str) -> list[_Erase]:
+    rows = conn.execute(
+        "SELECT o.id, o.seq, o.payload, o.created_at, d.seq IS NOT NULL,"
+        " d.seq IS NOT NULL AND d.requeued_at IS NULL, d.reason"
+        " FROM oml.outbox o LEFT JOIN oml.lake_dead_letter d ON d.seq = o.seq"
+        " WHERE o.tenant_id = %s AND o.op = 'claim.erase' ORDER BY o.id",
+        (tenant_id,),
+    ).fetchall()
+    found = []
+    for outbox_id, seq, payload, created, refused, open_letter, reason in rows:
+        payload = payload if isinstance(payload, dict) else {}
+        artifact_id = payload.get("artifact_id")
+        version = payload.get("version")
+        at = created
+        try:
+            stated = dt.datetime.fromisoformat(payload["at"])
+            if stated.tzinfo is not None:
+                at = min(at, stated.astimezone(dt.UTC))
+        except (KeyError, TypeError, ValueError):
+            pass
+        found.append(
+            _Erase(
+                outbox_id,
+                seq,
+                artifact_id if isinstance(artifact_id, str) else "?",
+                version if isinstance(version, int) and not isinstance(version, bool) else None,
+                at,
+                bool(refused),
+                bool(open_letter),
+                reason,
+            )
+        )
+    return found
+
+
+def _first_erased_at(erases: list[_Erase]) -> dict[tuple, dt.datetime]:
+    """Per claim version, its first erase act: the SLO clock does not restart on a requeue."""
+    first: dict[tuple, dt.datetime] = {}
+    for e in erases:
+        first[e.key] = min(first.get(e.key, e.at), e.at)
+    return first
+
+
+def _erased_in_silver(lake: Lake, tenant_id: str) -> set[tuple[str, int]]:
+    silver = lake.open(lake.table_uri(tenant_id, SILVER_CLAIMS))
+    if silver is None:
+        return set()
+    rows = query(silver, "artifact_id, version", "state = 'erased'").to_pylist()
+    return {(r["artifact_id"], r["version"]) for r in rows}
+
+
+# --- per erased claim version ------------------------------------------------------------------
+
+LIVE, SUPERSEDED, ORPHAN, LOG, CHECKPOINT = "live", "superseded", "orphan", "log", "checkpoint"
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One file that still holds an erased ciphertext, its path relative to the tenant prefix.
+    `expires_at`: when maintenance removes it at the latest (None for a live file: it stops
+    holding the body when the erase applies)."""
+
+    copy_class: str
+    table: str
+    path: str
+    expires_at: dt.datetime | None
+
+    def as_dict(self) -> dict:
+        return {
+            "class": self.copy_class,
+            "table": self.table,
+            "path": self.path,
+            "expires_at": _iso(self.expires_at),
+        }
+
+
+@dataclass
+class ErasedArtifact:
+    """One erased claim version: when it was erased (its first erase act), its SLO deadline, and
+    every copy of its ciphertext still in the lake."""
+
+    artifact_id: str
+    version: int | None
+    erased_at: dt.datetime
+    # applied: live silver shows it erased; dead-lettered: an open dead letter holds its erase;
+    # refused: every erase of it was refused and none is open; pending: not yet applied.
+    status: str
+    applied_at: dt.datetime | None
+    deadline: dt.datetime
+    copies: list[Copy] = field(default_factory=list)
+
+    def overdue(self, now: dt.datetime) -> bool:
+        """Past its deadline with a copy of its ciphertext still in the lake."""
+        return now > self.deadline and bool(self.copies)
+
+    def at_risk(self, now: dt.datetime, margin: dt.timedelta) -> bool:
+        """Dead-lettered (a breach in progress), or a copy left within `margin` of its deadline:
+        only the next maintenance run stands between it and a breach."""
+        if self.status == "dead-lettered":
+            return True
+        return bool(self.copies) and now + margin >= self.deadline
+
+    def as_dict(self) -> dict:
+        return {
+            "artifact_id": self.artifact_id,
+            "version": self.version,
+            "status": self.status,
+            "erased_at": _iso(self.erased_at),
+            "applied_at": _iso(self.applied_at),
+            "deadline": _iso(self.deadline),
+            "copies": [c.as_dict() for c in self.copies],
+        }
+
+
+@dataclass
+class ArtifactEvidence:
+    tenant_id: str
+    checked_at: dt.datetime
+    bound: dt.timedelta
+    cadence: dt.timedelta
+    artifacts: list[ErasedArtifact] = field(default_factory=list)
+
+    @property
+    def overdue(self) -> list[ErasedArtifact]:
+        return [a for a in self.artifacts if a.overdue(self.checked_at)]
+
+    def at_risk(self, margin: dt.timedelta | None = None) -> list[ErasedArtifact]:
+        margin = self.cadence if margin is None else margin
+        return [a for a in self.artifacts if a.at_risk(self.checked_at, margin)]
+
+    def as_dict(self) -> dict:
+        return {
+            "tenant_id": self.tenant_id,
+            "checked_at": _iso(self.checked_at),
+            "bound_seconds": self.bound.total_seconds(),
+            "cadence_seconds": self.cadence.total_seconds(),
+            "artifacts": [a.as_dict() for a in self.artifacts],
+        }
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if value else None
+
+
+def _applied_at(lake: Lake, tenant_id: str) -> list[tuple[int, dt.datetime]]:
+    """(batch_end, commit time) of silver's writer commits the log still holds, oldest first."""
+    silver = lake.open(lake.table_uri(tenant_id, SILVER_CLAIMS))
+    if silver is None:
+        return []
+    commits = []
+    for commit in silver.history():
+        end, stamp = commit.get("oml.batch_end"), commit.get("timestamp")
+        if end is not None and stamp is not None:
+            commits.append((int(end), dt.datetime.fromtimestamp(int(stamp) / 1000, dt.UTC)))
+    return sorted(commits)
+
+
+def _bodies_in_file(fs, path: str, wanted: set[tuple[str, int]]) -> dict[tuple, bytes]:
+    """The erased versions whose body a Parquet data file holds, read from its rows."""
+    try:
+        with fs.open_input_file(path) as f:
+            data = pq.read_table(f, columns=["artifact_id", "version", "body_ciphertext"])
+    except (pa.ArrowException, OSError, KeyError):  # not a Parquet file of this table
+        return {}
+    found = {}
+    for row in data.to_pylist():
+        key = (row["artifact_id"], row["version"])
+        if key in wanted and row["body_ciphertext"] is not None:
+            found[key] = bytes(row["body_ciphertext"])
+    return found
+
+
+def erased_artifacts(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    *,
+    cadence: dt.timedelta = DEFAULT_CADENCE,
+    now: dt.datetime | None = None,
+) -> ArtifactEvidence:
+    """Every erased claim version of the tenant (erased in silver, or with an erase in the
+    outbox), its deadline, and every file of silver and the curated tables that still holds its
+    ciphertext: data files by their rows, log entries and checkpoints by their bytes."""
+    now = now or dt.datetime.now(dt.UTC)
+    bound = erasure_bound(conn, tenant_id)
+    evidence = ArtifactEvidence(tenant_id, now, bound, cadence)
+    erases = _erases(conn, tenant_id)
+    first = _first_erased_at(erases)
+    in_lake = _erased_in_silver(lake, tenant_id)
+    keys = {k for k in first if k[1] is not None} | in_lake
+    commits = _applied_at(lake, tenant_id)
+
+    by_key: dict[tuple, ErasedArtifact] = {}
+    for key in sorted(keys, key=repr):
+        of_key = [e for e in erases if e.key == key]
+        erased_at = first.get(key)
+        applied_at = None
+        if key in in_lake:
+            status = "applied"
+            seqs = [e.seq for e in of_key if e.seq is not None and not e.refused]
+            if seqs:
+                applied_at = next((t for end, t in commits if end >= min(seqs)), None)
+            if erased_at is None:  # erased by a repair, not an erase op: no erase act to age
+                erased_at = applied_at or now
+            # Drain lag counts as it was; unknown (its commit left the log) counts as none.
+            applied_at = max(applied_at or erased_at, erased_at)
+            deadline = applied_at + bound + cadence
+        else:
+            if any(e.open_dead_letter for e in of_key):
+                status = "dead-lettered"
+            elif of_key and all(e.refused for e in of_key):
+                status = "refused"
+            else:
+                status = "pending"
+            deadline = erased_at + bound + cadence
+        by_key[key] = ErasedArtifact(key[0], key[1], erased_at, status, applied_at, deadline)
+    evidence.artifacts = list(by_key.values())
+    if not by_key:
+        return evidence
+
+    wanted = set(by_key)
+    for name, spec, uri in tenant_tables(lake, tenant_id):
+        if spec not in (SILVER_CLAIMS, GOLD_CURATED):
+            continue
+        table = lake.open(uri)
+        fs = filesystem(lake, uri)
+        prefix = uri[len(lake.tenant_uri(tenant_id)) + 1 :] + "/"
+        live = live_files(table)
+        listing = list_files(lake, uri)
+        removed = _removed_at(lake, uri, listing.log)
+        ciphertexts: dict[tuple, bytes] = {}
+        for path in sorted(p for p in listing.data if p.endswith(".parquet")):
+            for key, body in _bodies_in_file(fs, path, wanted).items():
+                ciphertexts[key] = body
+                where = prefix + path
+                if path in live:
+                    copy = Copy(LIVE, name, where, None)
+                elif path in removed:
+                    copy = Copy(SUPERSEDED, name, where, removed[path] + bound + cadence)
+                else:
+                    since = listing.data_mtime.get(path) or now
+                    copy = Copy(ORPHAN, name, where, since + bound + cadence)
+                by_key[key].copies.append(copy)
+        if not ciphertexts:
+            continue
+        # No body statistics are written, so these should never match; the spec counts log
+        # entries and checkpoints as ciphertext-bearing anyway, and a byte scan says so if one is.
+        for entry, (_, mtime) in sorted(listing.log.items()):
+            with fs.open_input_stream(f"{LOG_DIR}/{entry}") as f:
+                content = f.read()
+            for key, body in ciphertexts.items():
+                if body in content:
+                    kind = CHECKPOINT if "checkpoint" in entry else LOG
+                    expires = (mtime or now) + bound + 2 * cadence
+                    by_key[key].copies.append(
+                        Copy(kind, name, f"{prefix}{LOG_DIR}/{entry}", expires)
+                    )
     return evidence
