@@ -9,7 +9,7 @@ import getpass
 import json
 import sys
 
-from .lake import db, deadletter, maintenance_cli, sequencer
+from .lake import analytics_cli, db, deadletter, maintenance_cli, sequencer
 from .lake.drain import DrainPass, drain
 from .lake.erasure import erasure_evidence
 from .lake.errors import LakeError
@@ -205,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     rq.add_argument("--payload", help="a corrected payload (JSON); default: the stored one")
     rq.set_defaults(func=cmd_deadletter_requeue)
     maintenance_cli.register(sub)
+    analytics_cli.register(sub)
     register_simulate(sub)
     return parser
 

@@ -580,6 +580,11 @@ def _instant(value: str) -> dt.datetime:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(dt.UTC)
 
 
+def event_instant(event: dict[str, Any]) -> dt.datetime:
+    """The act instant of an area event (its payload's `at`)."""
+    return _instant(json.loads(event["payload"])["at"])
+
+
 def area_events(tc: TenantConnection) -> list[dict[str, Any]]:
     """The tenant's journalled area events in chain order."""
     return tc.rows(
