@@ -251,6 +251,7 @@ def read_check_result(lake: Lake, tenant_id: str, reads: list[AssetKey]) -> Asse
                         "version": c.version,
                         "duckdb_rows": c.duckdb_rows,
                         "delta_log_rows": c.log_rows,
+                        "error": c.error,
                     }
                     for c in checks
                 ]
@@ -287,7 +288,6 @@ ANALYTICS_CHECKS: list[AssetChecksDefinition] = [_read_check(k) for k in ANALYTI
 lake_analytics_job = define_asset_job(
     name="lake_analytics_job",
     selection=AssetSelection.assets(*ANALYTICS_KEYS),
-    partitions_def=tenant_partitions,
     executor_def=in_process_executor,
     description="Answer the tenant's volume, lag, claims and lineage questions from its lake.",
 )

@@ -43,8 +43,6 @@ from .tables import (
     TableSpec,
 )
 
-DELTA_EXTENSION_DIST = "duckdb-ext-delta"
-
 # View name of each core table in a tenant's DuckDB connection.
 VIEW_OF: dict[str, str] = {
     BRONZE_EVENTS.name: "bronze_events",
@@ -75,19 +73,19 @@ class RefusedQuery(LakeError):
 # --- the engine ----------------------------------------------------------------------------------
 
 
-def delta_extension_path() -> str:
-    """The Delta extension file shipped by the `duckdb-ext-delta` package (nothing is downloaded)."""
+def extension_path(name: str = "delta") -> str:
+    """The DuckDB extension file `name` shipped by the `duckdb-ext-<name>` package (nothing is
+    downloaded): `delta` always, `httpfs` for lakes on S3."""
+    package = f"duckdb-ext-{name}"
     try:
-        dist = importlib.metadata.distribution(DELTA_EXTENSION_DIST)
+        dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
-        raise AnalyticsError(f"the {DELTA_EXTENSION_DIST} package is not installed") from None
+        raise AnalyticsError(f"the {package} package is not installed") from None
     version = f"v{duckdb.__version__}"
-    for name in dist.files or ():
-        if name.name == "delta.duckdb_extension" and version in name.parts:
-            return str(dist.locate_file(name))
-    raise AnalyticsError(
-        f"{DELTA_EXTENSION_DIST} ships no Delta extension for DuckDB {duckdb.__version__}"
-    )
+    for file in dist.files or ():
+        if file.name == f"{name}.duckdb_extension" and version in file.parts:
+            return str(dist.locate_file(file))
+    raise AnalyticsError(f"{package} ships no {name} extension for DuckDB {duckdb.__version__}")
 
 
 def curated_view(workarea_id: str) -> str:
@@ -174,8 +172,9 @@ def tenant_connection(lake: Lake, tenant_id: str, *, lockdown: bool = False) -> 
         raise AnalyticsError(f"DuckDB: {error}") from error
     found = TenantConnection(tenant_id, con)
     try:
-        con.execute(f"LOAD {_sql_string(delta_extension_path())}")
+        con.execute(f"LOAD {_sql_string(extension_path('delta'))}")
         if not lake.is_local:
+            con.execute(f"LOAD {_sql_string(extension_path('httpfs'))}")
             con.execute(_s3_secret(lake.storage_options))
         existing = {name: (spec, uri) for name, spec, uri in tenant_tables(lake, tenant_id)}
         for spec in CORE_TABLES:
@@ -281,11 +280,14 @@ class ReadCheck:
     table: str
     view: str
     version: int | None
-    duckdb_rows: int
+    duckdb_rows: int | None  # None when DuckDB could not read the table (`error`)
     log_rows: int | None  # None when some file's numRecords is missing from the log
+    error: str | None = None
 
     @property
     def agrees(self) -> bool:
+        if self.error is not None or self.duckdb_rows is None:
+            return False
         return self.log_rows is None or self.duckdb_rows == self.log_rows
 
 
@@ -293,8 +295,9 @@ def second_reader_check(
     lake: Lake, tc: TenantConnection, tables: Iterable[str] | None = None
 ) -> list[ReadCheck]:
     """Row counts of the tenant's tables through DuckDB against the sum of the Delta log's
-    per-file record counts (delta-rs). `tables` limits it to those table names (a curated table
-    is `gold.curated/<workarea_id>`; `gold.curated` means all of them)."""
+    per-file record counts (delta-rs). A table DuckDB cannot read is a finding (`error`), not a
+    crash. `tables` limits it to those table names (a curated table is
+    `gold.curated/<workarea_id>`; `gold.curated` means all of them)."""
     wanted = set(tables) if tables is not None else None
     found = []
     for view in tc.views.values():
@@ -311,9 +314,18 @@ def second_reader_check(
         actions = pa.table(table.get_add_actions(flatten=True))
         counts = actions.column("num_records").to_pylist() if actions.num_rows else []
         log_rows = None if any(c is None for c in counts) else int(sum(counts))
-        # Read the same version DuckDB would: the latest one at this instant.
-        duck = tc.con.execute(f"SELECT count(*) FROM {view.view}").fetchone()[0]
-        found.append(ReadCheck(view.table, view.view, version, int(duck), log_rows))
+        try:
+            # sum(length(...)) makes DuckDB read every data file, where a bare count(*) could
+            # be answered from the log's statistics alone.
+            duck = int(
+                tc.con.execute(
+                    f"SELECT count(*), sum(length(tenant_id)) FROM {view.view}"
+                ).fetchone()[0]
+            )
+        except duckdb.Error as error:
+            found.append(ReadCheck(view.table, view.view, version, None, log_rows, str(error)))
+            continue
+        found.append(ReadCheck(view.table, view.view, version, duck, log_rows))
     return found
 
 
