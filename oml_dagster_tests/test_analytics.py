@@ -11,6 +11,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import pytest
 from dagster import AssetKey
 
@@ -321,12 +322,18 @@ def test_nothing_decrypts_bodies():
 def test_lakes_on_s3_are_read_with_the_lakes_storage_options(conn, s3_lake, tenant):
     tree = make_tree(conn, tenant)
     acts.promote(conn, tenant, acts.Claim(new_id(), 1, tree.a, "u.a"), b"body")
+    other = producer.create_tenant(conn)
+    make_tree(conn, other)
     drain_all(conn, s3_lake)
     with analytics.tenant_connection(s3_lake, tenant.tenant_id, lockdown=True) as tc:
         checks = analytics.second_reader_check(s3_lake, tc)
         volume = analytics.event_volume(tc)
         replay = analytics.replay_areas(analytics.area_events(tc))
         gold = analytics.gold_areas(tc)
+        # Locked down, the connection reads nothing under another tenant's prefix.
+        elsewhere = s3_lake.table_uri(other.tenant_id, analytics.GOLD_AREAS)
+        with pytest.raises(duckdb.PermissionException):
+            tc.con.execute(f"SELECT count(*) FROM delta_scan('{elsewhere}')").fetchall()
     assert {c.table for c in checks} == {
         "bronze.events",
         "silver.claims",
