@@ -207,6 +207,13 @@ def test_every_analytics_number_equals_the_workload(conn, lake, record, defs, in
     assert ln["longest_derivation_chain"] == 3
     assert ln["largest_taint_closure"] == max(expected_closure.values())
 
+    # Lake lag: one entry per writer commit in the tables' logs, every lag positive.
+    lag = meta[AssetKey(["analytics", "lake_lag"])]
+    logged = [c for _, _, uri in tenant_tables(lake, tenant_id) for c in _log_commits(uri)]
+    assert lag["writer_commits"] == len(logged) > 0
+    assert 0 < lag["latest_lag_seconds/silver.claims"] <= lag["latest_lag_seconds_max"]
+    assert "| silver.claims |" in lag["lag"]
+
     # Every analytics asset's second-reader check passed.
     assert set(checks) == set(ANALYTICS_KEYS)
     assert all(e.passed for e in checks.values())

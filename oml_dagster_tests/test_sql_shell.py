@@ -6,6 +6,11 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import pty
+import select
+import subprocess
+import time
 
 import duckdb
 import pytest
@@ -15,6 +20,7 @@ from oml_dagster.lake import analytics
 from oml_dagster.lake.tables import SILVER_CLAIMS
 from oml_dagster.simulate import acts, producer
 
+from .dagster_support import BIN, subprocess_env
 from .helpers import drain_all, make_tree, new_id
 
 
@@ -162,3 +168,48 @@ def test_queries_from_stdin_and_errors(capsys, monkeypatch, two_tenants):
         cli.main(["sql", "--tenant", "../" + a, "SELECT 1"])
     assert exit_.value.code == 2
     assert "is not a UUID" in capsys.readouterr().err
+
+
+def test_interactive_shell_on_a_terminal(lake, two_tenants):
+    """On a terminal the shell prompts, runs each ';'-terminated query, keeps going after a
+    refusal, and ends on end-of-input."""
+    a, _, _ = two_tenants
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        [str(BIN / "oml-lake"), "sql", "--tenant", a],
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        env=subprocess_env(OML_LAKE_URI=lake.root),
+        close_fds=True,
+    )
+    os.close(child)
+    try:
+        os.write(main, b"SELECT count(*) AS n\n  FROM silver_claims;\n")
+        os.write(main, b"DELETE FROM silver_claims;\n")
+        os.write(main, b"SELECT 'still here' AS s;\n")
+        os.write(main, b"\x04")  # end of input
+        output = b""
+        deadline = time.monotonic() + 60
+        while proc.poll() is None or _readable(main):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"shell did not finish: {output.decode(errors='replace')}")
+            if _readable(main):
+                try:
+                    output += os.read(main, 65536)
+                except OSError:
+                    break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        os.close(main)
+    text = output.decode(errors="replace")
+    assert "oml-lake>" in text and "silver_claims" in text
+    assert "refused: DELETE statements are refused" in text
+    assert "still here" in text
+    assert proc.returncode == 2  # the worst outcome of the session: a refusal
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0.1)[0])
