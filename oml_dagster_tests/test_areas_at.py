@@ -56,6 +56,7 @@ def test_past_instants_equal_gold_areas_as_it_was_then(capsys, conn, lake, tenan
     # a new node, a crew update.
     acts.reparent_area(conn, tenant, tree.a, tree.b, "u.b.a")
     acts.upsert_area(conn, tenant, tree.b, status="committed")
+    acts.upsert_area(conn, tenant, tree.a1, status="committed")
     acts.validate_area(conn, tenant, tree.a1)
     leaf = new_id()
     acts.upsert_area(conn, tenant, leaf, parent_id=tree.a1, path="u.b.a.a1.l", status="development")

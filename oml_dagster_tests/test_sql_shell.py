@@ -33,6 +33,7 @@ def two_tenants(conn, lake):
         acts.promote(conn, a, acts.Claim(new_id(), 1, tree_a.a1, "u.a.a1"), f"a{i}".encode())
     for i in range(5):
         acts.promote(conn, b, acts.Claim(new_id(), 1, tree_b.b, "u.b"), f"b{i}".encode())
+    acts.upsert_area(conn, a, tree_a.a1, status="committed")
     acts.validate_area(conn, a, tree_a.a1)
     drain_all(conn, lake)
     return a.tenant_id, b.tenant_id, tree_a

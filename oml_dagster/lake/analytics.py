@@ -623,11 +623,14 @@ def replay_areas(
     refused_journal_seqs: frozenset[int] = frozenset(),
 ) -> AreaReplay:
     """Fold area events (chain order) whose act instant (the payload's `at`) is at or before
-    `as_of` (all when None) into the tree, by the op catalog's area rules: an upsert sets the
-    given columns of one node (a new node needs path and status; a validated node's status is
-    frozen), a reparent rewrites the node's parent and path and its subtree's paths, a validate
-    sets status validated. `refused_journal_seqs` are acts whose area op the writer dead-lettered
-    (from Postgres, when at hand)."""
+    `as_of` (all when None) into the tree, by the op catalog's area rules. An upsert sets the
+    given columns of one node: a new node needs path and status, one root, a known parent and a
+    path one label below the parent's; it never moves a node, a validated node's status is
+    frozen and no status moves down the ladder. A reparent moves a non-root node under a known
+    parent outside its subtree, with a path one label below the parent's, and rewrites its
+    subtree's paths. A validate sets a committed node validated. Acts the rules refuse are
+    `skipped`; `refused_journal_seqs` are acts whose area ops the writer dead-lettered (from
+    Postgres, when at hand), which covers refusals the rules cannot see from areas alone."""
     areas: dict[str, dict[str, Any]] = {}
     applied = 0
     last: int | None = None
@@ -659,13 +662,30 @@ def _children(areas: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def _descendants(areas: dict[str, dict[str, Any]], node: str) -> list[str]:
+    """The subtree below `node`, parents before children, each node once."""
     children = _children(areas)
-    found, stack = [], list(children.get(node, ()))
+    found, seen, stack = [], {node}, list(children.get(node, ()))
     while stack:
         n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
         found.append(n)
         stack.extend(children.get(n, ()))
     return found
+
+
+_LADDER = {"development": 0, "committed": 1, "validated": 2}
+
+
+def _path_refusal(areas: dict[str, dict[str, Any]], parent_id: str | None, path: str) -> str | None:
+    """A path must extend the parent's current path by one label (the root's is one label)."""
+    if parent_id is None:
+        return "a root's path is one label" if "." in path else None
+    head, _, label = path.rpartition(".")
+    if head != areas[parent_id]["path"] or not label:
+        return "the path does not extend the parent's path by one label"
+    return None
 
 
 def _apply_area_event(
@@ -675,30 +695,20 @@ def _apply_area_event(
     node_id = payload["workarea_id"]
     node = areas.get(node_id)
     if op == "area.upsert":
-        given = {k: payload[k] for k in _SETTABLE if k in payload}
-        if "created_at" in payload:
-            given["created_at"] = _instant(payload["created_at"])
-        if given.get("status") == "validated":
-            return "validated is set by area.validate, not area.upsert"
-        if node is None:
-            if "path" not in given or "status" not in given:
-                return "a new workarea needs path and status"
-            node = {c: None for c in AREA_COLUMNS}
-            node.update(workarea_id=node_id, created_at=at)
-        elif node["status"] == "validated" and given.get("status", "validated") != "validated":
-            return "a validated workarea's status is frozen"
-        changed = dict(node, **given)
-        if changed != node or node_id not in areas:
-            areas[node_id] = dict(changed, updated_at=at)
-        return None
+        return _upsert(areas, node_id, node, payload, at)
     if op == "area.reparent":
         parent = payload["parent_id"]
         if node is None:
             return "reparent of an unknown workarea"
+        if node["parent_id"] is None:
+            return "reparent of the root"
         if parent not in areas:
             return "reparent under an unknown parent"
         if parent == node_id or parent in _descendants(areas, node_id):
             return "reparent under its own subtree"
+        refusal = _path_refusal(areas, parent, payload["path"])
+        if refusal:
+            return refusal
         paths = {node_id: payload["path"]}
         areas[node_id] = dict(node, parent_id=parent, path=payload["path"], updated_at=at)
         for child_id in _descendants(areas, node_id):
@@ -711,10 +721,59 @@ def _apply_area_event(
     if op == "area.validate":
         if node is None:
             return "validate of an unknown workarea"
-        if node["status"] != "validated":
-            areas[node_id] = dict(node, status="validated", updated_at=at)
+        if node["status"] == "validated":
+            return None
+        if node["status"] != "committed":
+            return "only a committed workarea is validated"
+        areas[node_id] = dict(node, status="validated", updated_at=at)
         return None
     raise ValueError(f"not an area op: {op}")  # pragma: no cover - AREA_EVENTS names them all
+
+
+def _upsert(
+    areas: dict[str, dict[str, Any]],
+    node_id: str,
+    node: dict[str, Any] | None,
+    payload: dict[str, Any],
+    at: dt.datetime,
+) -> str | None:
+    given = {k: payload[k] for k in _SETTABLE if k in payload}
+    if "created_at" in payload:
+        given["created_at"] = _instant(payload["created_at"])
+    if given.get("status") == "validated":
+        return "validated is set by area.validate, not area.upsert"
+    if given.get("status", "development") not in _LADDER:
+        return f"unknown status {given['status']!r}"
+    if node is None:
+        if "path" not in given or "status" not in given:
+            return "a new workarea needs path and status"
+        parent = given.get("parent_id")
+        if parent is None:
+            if any(a["parent_id"] is None for a in areas.values()):
+                return "a second root"
+        elif parent == node_id:
+            return "a workarea as its own parent"
+        elif parent not in areas:
+            return "a new workarea under an unknown parent"
+        refusal = _path_refusal(areas, parent, given["path"])
+        if refusal:
+            return refusal
+        node = {c: None for c in AREA_COLUMNS}
+        node.update(workarea_id=node_id, created_at=at)
+        areas[node_id] = dict(node, **given, updated_at=at)
+        return None
+    for column in ("parent_id", "path"):
+        if column in given and given[column] != node[column]:
+            return f"an upsert changing {column} (area.reparent moves workareas)"
+    status = given.get("status", node["status"])
+    if node["status"] == "validated" and status != "validated":
+        return "a validated workarea's status is frozen"
+    if _LADDER[status] < _LADDER[node["status"]]:
+        return "a status move down the ladder"
+    changed = dict(node, **given)
+    if changed != node:
+        areas[node_id] = dict(changed, updated_at=at)
+    return None
 
 
 def gold_areas(tc: TenantConnection) -> dict[str, dict[str, Any]]:
