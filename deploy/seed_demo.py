@@ -58,6 +58,7 @@ class DemoTenant:
         elif roll < 0.95:
             acts.erase(self.conn, self.keys, self._retire())
         elif not self.validated:
+            acts.upsert_area(self.conn, self.keys, self.team, status="committed")
             acts.validate_area(self.conn, self.keys, self.team)
             self.validated = True
         else:

@@ -69,6 +69,7 @@ def seed_tenant(
     work.edges.append(edge)
     acts.demote(conn, keys, work.claims[2])
     acts.erase(conn, keys, work.claims[3])
+    acts.upsert_area(conn, keys, child, status="committed")
     acts.validate_area(conn, keys, child)
     acts.demote(conn, keys, work.claims[1])
     if bad:

@@ -84,7 +84,7 @@ def test_a_run_lands_the_same_tables_as_the_core_drain(conn, lake, tmp_path, def
         assert m["action"] == "committed"
     rows = {key: (m["rows_added"], m["rows_updated"]) for key, m in meta.items()}
     assert rows == {
-        "bronze/events": (12, 0),  # one journal event per act, the refused one's included
+        "bronze/events": (13, 0),  # one journal event per act, the refused one's included
         "silver/claims": (4, 0),
         "gold/lineage": (1, 0),
         "gold/areas": (2, 0),
@@ -161,7 +161,7 @@ def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):
     assert slo["erased_rows"].value == 1 and slo["overdue_files"].value == 0
     assert by_name[("bronze/events", "tenant_id_matches_partition")].metadata[
         "rows_checked"
-    ].value == (12)
+    ].value == (13)
     record = instance.event_log_storage.get_asset_check_execution_history(
         evaluations[0].asset_check_key, limit=1
     )[0]

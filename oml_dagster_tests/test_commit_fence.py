@@ -42,6 +42,7 @@ def mixed_workload(conn, keys, claims: int = 12) -> None:
         elif i % 5 == 2 and c.workarea_id == tree.b:
             acts.reassign(conn, keys, c, tree.a1, held=True)
     acts.ratify(conn, keys, acts.Edge(new_id(), made[0].artifact_id, made[1].artifact_id))
+    acts.upsert_area(conn, keys, tree.a, status="committed")
     acts.validate_area(conn, keys, tree.a)
     for c in made:
         if c.workarea_id == tree.a and c is not made[3]:
@@ -156,10 +157,10 @@ def test_two_writers_racing_on_one_tenant_never_duplicate_or_lose(conn, lake, te
 
 
 def test_a_table_with_nothing_to_change_gets_a_txn_only_commit_when_it_lags(conn, lake, tenant):
-    make_tree(conn, tenant)
+    tree = make_tree(conn, tenant)
     for i in range(6):
         acts.upsert_area(
-            conn, tenant, new_id(), path=f"u.x{i}", status="development", parent_id=None
+            conn, tenant, new_id(), path=f"u.x{i}", status="development", parent_id=tree.root
         )
     config = WriterConfig(max_batch=8, txn_lag_limit=4)
     drain(conn, lake, [tenant.tenant_id], until_idle=True, config=config)
@@ -175,10 +176,10 @@ def test_a_table_with_nothing_to_change_gets_a_txn_only_commit_when_it_lags(conn
 
 
 def test_a_small_idle_tail_makes_no_commit(conn, lake, tenant):
-    make_tree(conn, tenant)
+    tree = make_tree(conn, tenant)
     drain_all(conn, lake)
     before = versions(lake, tenant.tenant_id)
-    acts.upsert_area(conn, tenant, new_id(), path="u.z", status="development", parent_id=None)
+    acts.upsert_area(conn, tenant, new_id(), path="u.z", status="development", parent_id=tree.root)
     drain_all(conn, lake)
     after = versions(lake, tenant.tenant_id)
     changed = {k for k in after if after[k] != before[k]}
@@ -194,10 +195,10 @@ def test_a_table_ahead_of_the_recorded_verdicts_stops_the_writer(conn, lake, ten
 
 
 def test_checkpoint_every_100_versions(conn, lake, tenant):
-    make_tree(conn, tenant)
+    tree = make_tree(conn, tenant)
     for i in range(100):
         acts.upsert_area(
-            conn, tenant, new_id(), path=f"u.n{i}", status="development", parent_id=None
+            conn, tenant, new_id(), path=f"u.n{i}", status="development", parent_id=tree.root
         )
     drain(
         conn,

@@ -67,7 +67,7 @@ def test_killed_at_every_commit_point_then_finishing(conn, lake, dsn):
         mixed_workload(conn, keys, claims=8)
     ids = [t.tenant_id for t in tenants]
     kills = 0
-    for k in range(1, 40, 2):
+    for k in range(1, 30):
         done = subprocess.run(
             [sys.executable, "-c", _KILL_AT_COMMIT, str(k), *ids], env=_env(dsn, lake), timeout=120
         )

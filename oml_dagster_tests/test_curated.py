@@ -21,6 +21,7 @@ def test_validation_creates_curated_from_promoted_rows_in_one_commit(conn, lake,
     acts.demote(conn, tenant, demoted)
     acts.reassign(conn, tenant, elsewhere, tree.b, held=False)
     drain_all(conn, lake)
+    acts.upsert_area(conn, tenant, tree.a, status="committed")
     acts.validate_area(conn, tenant, tree.a)
     passes = drain_all(conn, lake)
 
@@ -47,6 +48,7 @@ def test_curated_is_as_of_the_validate_op_not_the_batch_end(conn, lake, tenant):
     a promotion into the area is refused by freeze."""
     tree = make_tree(conn, tenant)
     first = promoted(conn, tenant, tree.a)
+    acts.upsert_area(conn, tenant, tree.a, status="committed")
     acts.validate_area(conn, tenant, tree.a)
     acts.demote(conn, tenant, first, at=dt.datetime(2026, 11, 2, tzinfo=dt.UTC))
     late = acts.Claim(new_id(), 1, tree.a, "u.a")
@@ -66,6 +68,7 @@ def test_curated_is_as_of_the_validate_op_not_the_batch_end(conn, lake, tenant):
 def test_demote_and_erase_reach_curated_and_silver_under_the_same_batch(conn, lake, tenant):
     tree = make_tree(conn, tenant)
     d, e, untouched = (promoted(conn, tenant, tree.a) for _ in range(3))
+    acts.upsert_area(conn, tenant, tree.a, status="committed")
     acts.validate_area(conn, tenant, tree.a)
     drain_all(conn, lake)
     acts.demote(conn, tenant, d)
@@ -88,6 +91,7 @@ def test_demote_and_erase_reach_curated_and_silver_under_the_same_batch(conn, la
 def test_reassign_into_or_out_of_a_validated_area_is_refused(conn, lake, tenant):
     tree = make_tree(conn, tenant)
     inside, outside = promoted(conn, tenant, tree.a), promoted(conn, tenant, tree.b)
+    acts.upsert_area(conn, tenant, tree.a, status="committed")
     acts.validate_area(conn, tenant, tree.a)
     acts.reassign(conn, tenant, inside, tree.b, held=False)
     acts.reassign(conn, tenant, outside, tree.a, held=False)
@@ -105,13 +109,15 @@ def test_reassign_into_or_out_of_a_validated_area_is_refused(conn, lake, tenant)
 def test_validation_with_tainted_rows_is_refused(conn, lake, tenant):
     tree = make_tree(conn, tenant)
     promoted(conn, tenant, tree.a, sim_derived_ids=[new_id()])
+    acts.upsert_area(conn, tenant, tree.a, status="committed")
     acts.validate_area(conn, tenant, tree.a)
+    acts.upsert_area(conn, tenant, tree.b, status="committed")
     acts.validate_area(conn, tenant, tree.b)
     drain_all(conn, lake)
     ((op, reason),) = dead_letters(conn).values()
     assert op == "area.validate" and "simulation-tainted" in reason and tree.a in reason
     areas = LakeView(lake, tenant.tenant_id).areas
-    assert areas[tree.a]["status"] == "development" and areas[tree.b]["status"] == "validated"
+    assert areas[tree.a]["status"] == "committed" and areas[tree.b]["status"] == "validated"
     assert curated_rows(lake, tenant.tenant_id, tree.a) == []
     assert lake.open(lake.table_uri(tenant.tenant_id, GOLD_CURATED, tree.b)) is not None
 
@@ -119,6 +125,7 @@ def test_validation_with_tainted_rows_is_refused(conn, lake, tenant):
 def test_a_second_validation_changes_nothing(conn, lake, tenant):
     tree = make_tree(conn, tenant)
     promoted(conn, tenant, tree.a)
+    acts.upsert_area(conn, tenant, tree.a, status="committed")
     acts.validate_area(conn, tenant, tree.a)
     drain_all(conn, lake)
     before = curated_rows(lake, tenant.tenant_id, tree.a)
@@ -136,7 +143,9 @@ def test_held_rows_count_for_taint_and_cannot_be_promoted_back_into_a_validated_
     clean = promoted(conn, tenant, tree.b, path="u.b")
     acts.reassign(conn, tenant, tainted, tree.a, held=True)
     acts.reassign(conn, tenant, clean, tree.a1, held=True)
+    acts.upsert_area(conn, tenant, tree.a, status="committed")
     acts.validate_area(conn, tenant, tree.a)  # a held tainted row is in a: refused
+    acts.upsert_area(conn, tenant, tree.a1, status="committed")
     acts.validate_area(conn, tenant, tree.a1)  # only a clean held row: validated, curated empty
     acts.repromote(conn, tenant, clean)  # back to promoted inside a validated area: refused
     drain_all(conn, lake)
@@ -146,5 +155,5 @@ def test_held_rows_count_for_taint_and_cannot_be_promoted_back_into_a_validated_
     assert any(f"claim.promote into validated workarea {tree.a1}" in r for r in reasons)
     view = LakeView(lake, tenant.tenant_id)
     assert view.claim(clean)["state"] == "held"
-    assert view.areas[tree.a]["status"] == "development"
+    assert view.areas[tree.a]["status"] == "committed"
     assert curated_rows(lake, tenant.tenant_id, tree.a1) == []

@@ -83,6 +83,7 @@ def test_erased_ciphertext_leaves_every_file_under_the_tenant_prefix(conn, lake)
         made.append(c)
         if i % 2:
             drain_all(conn, lake)
+    acts.upsert_area(conn, keys, tree.b, status="committed")
     acts.validate_area(conn, keys, tree.b)
     drain_all(conn, lake)
     # Earlier maintenance rewrote the body into new files: those copies are superseded too.
@@ -202,6 +203,7 @@ def test_erasure_evidence_fails_until_vacuum_then_holds(conn, lake):
     for c in made:
         acts.promote(conn, keys, c, b"secret " + c.artifact_id.encode())
         drain_all(conn, lake)
+    acts.upsert_area(conn, keys, tree.a, status="committed")
     acts.validate_area(conn, keys, tree.a)
     drain_all(conn, lake)
     fresh = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)

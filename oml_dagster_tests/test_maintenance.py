@@ -94,6 +94,7 @@ def small_batches(conn, lake, keys, *, claims: int = 8, days: int = 3) -> list[a
         drain_all(conn, lake)
     acts.ratify(conn, keys, acts.Edge(new_id(), made[0].artifact_id, made[1].artifact_id))
     drain_all(conn, lake)
+    acts.upsert_area(conn, keys, tree.b, status="committed")
     acts.validate_area(conn, keys, tree.b)
     drain_all(conn, lake)
     acts.demote(conn, keys, made[2])

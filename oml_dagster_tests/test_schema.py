@@ -131,6 +131,7 @@ def test_written_tables_equal_the_spec(conn, lake, tenant, heading, spec: TableS
     tree = make_tree(conn, tenant)
     c = promoted(conn, tenant, tree.a, sim_derived_ids=None)
     acts.ratify(conn, tenant, acts.Edge(new_id(), c.artifact_id, c.artifact_id, dst_version=1))
+    acts.upsert_area(conn, tenant, tree.a, status="committed")
     acts.validate_area(conn, tenant, tree.a)
     acts.demote(conn, tenant, c)  # MERGE rewrites too
     drain_all(conn, lake)

@@ -18,7 +18,14 @@ from . import fields as f
 from .errors import RefusedOp
 from .fields import Field
 from .state import Row, TenantState
-from .tables import AREA_STATUSES, BODY_REFS, GRAPHS, PROVENANCES, SILVER_CLAIMS
+from .tables import (
+    AREA_STATUSES,
+    BODY_REFS,
+    EDGE_LABELS,
+    GRAPHS,
+    PROVENANCES,
+    SILVER_CLAIMS,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,11 @@ class Op:
     name: str
     payload: dict[str, Any]
     args: dict[str, Any]
+    # Payload fields the catalog does not declare; refused after the op's own rules, so the
+    # most specific reason is the one recorded.
+    unknown: tuple[str, ...] = ()
+    # For a re-enqueued dead letter: the journal_seq of the act it was refused in.
+    origin_journal_seq: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,7 @@ _ATTACHMENT = f.record(
     Field("plaintext_digest", f.hex_digest),
     Field("ciphertext_digest", f.hex_digest),
     Field("media_type", f.text),
-    Field("size_bytes", f.integer),
+    Field("size_bytes", f.non_negative),
 )
 
 # Every silver column that comes from the submission (all but tenant_id, state, body,
@@ -59,7 +71,7 @@ _SUBMISSION = (
     Field("claim_key", f.text),
     Field("kind", f.text),
     Field("workarea_id", f.uuid_text),
-    Field("workarea_path_at_write", f.text),
+    Field("workarea_path_at_write", f.ltree_path),
     Field("writer_identity", f.text),
     Field("principal", f.text),
     Field("producer", f.text, required=False, nullable=True),
@@ -118,6 +130,18 @@ def _area_status(state: TenantState, workarea_id: str) -> str | None:
     return area["status"] if area else None
 
 
+def _known_area(op: Op, state: TenantState, workarea_id: str) -> str:
+    """The status of `workarea_id`, or a refusal when gold.areas does not hold it."""
+    status = _area_status(state, workarea_id)
+    if status is None:
+        raise RefusedOp(f"{op.name} into workarea {workarea_id}, which gold.areas does not hold")
+    return status
+
+
+def _tainted(row: Row) -> bool:
+    return bool(row.get("simulation_id") or row.get("sim_derived_ids"))
+
+
 def _retracted(row: Row, new_state: str, at: dt.datetime) -> Row | None:
     """The row after a demote or erase, or None when the row already made that move (or is
     erased, which is terminal)."""
@@ -169,10 +193,10 @@ _EVENT_FIELDS = (
     Field("event_id", f.uuid_text),
     Field("event_type", f.text),
     _AT,
-    Field("prev_hash", f.b64),
-    Field("hash", f.b64),
-    Field("sig", f.b64),
-    Field("signed_bytes", f.b64),
+    Field("prev_hash", f.b64_sized(32)),
+    Field("hash", f.b64_sized(32)),
+    Field("sig", f.b64_sized(64)),
+    Field("signed_bytes", f.b64_sized()),
     Field("payload", f.json_text),
     Field("principal", f.text),
     Field("api_key_id", f.text),
@@ -190,9 +214,24 @@ def _check_event(op: Op, state: TenantState) -> None:
         raise RefusedOp(f"field 'api_key_id': unknown key {op.args['api_key_id']!r}")
     if owner != state.tenant_id:
         raise RefusedOp(f"wrong tenant: api key {op.args['api_key_id']!r} belongs to {owner}")
+    journal_seq = op.args["journal_seq"]
+    expected = op.origin_journal_seq or op.journal_seq
+    if journal_seq != expected:
+        raise RefusedOp(
+            f"field 'journal_seq': {journal_seq} is not the outbox row's journal_seq {expected}"
+        )
+    held = state.events.get(journal_seq)
+    if held is not None and held != (op.args["event_id"], op.args["hash"]):
+        raise RefusedOp(
+            f"journal_seq {journal_seq} is already held by event {held[0]} with another hash"
+        )
 
 
 def _apply_event(op: Op, state: TenantState) -> None:
+    journal_seq = op.args["journal_seq"]
+    if journal_seq in state.events:
+        return  # a replay of an event bronze holds: one row per journal_seq
+    state.events[journal_seq] = (op.args["event_id"], op.args["hash"])
     row = {name: op.args.get(name) for name in state.bronze.spec.columns}
     row.update(tenant_id=state.tenant_id, event_date=op.args["at"].date(), outbox_seq=op.seq)
     state.bronze.append(row, op.seq)
@@ -216,6 +255,14 @@ def _check_promote(op: Op, state: TenantState) -> None:
                 f"claim.promote of a demoted row ({_describe(_claim_key(op))}): "
                 "promote a new version instead"
             )
+        for digest in ("plaintext_digest", "ciphertext_digest"):
+            if row["state"] != "erased" and op.args[digest] != row[digest]:
+                raise RefusedOp(
+                    f"claim.promote of {_describe(_claim_key(op))} with another {digest} than "
+                    "the row the lake holds: promote a new version instead"
+                )
+    else:
+        _known_area(op, state, op.args["workarea_id"])
     # A promotion that would change something (a new row, or a held row back to promoted)
     # lands a promoted row in its area: refused when that area is validated.
     if row is None or row["state"] == "held":
@@ -272,6 +319,16 @@ def _check_reassign(op: Op, state: TenantState) -> None:
     if row["state"] == "erased":
         return
     destination = op.args["workarea_id"]
+    _known_area(op, state, destination)
+    if (
+        op.args["held"]
+        and row["state"] == "promoted"
+        and _area_status(state, row["workarea_id"]) == "validated"
+    ):
+        raise RefusedOp(
+            f"claim.reassign into held inside validated workarea {row['workarea_id']} is "
+            "refused by freeze (a validated area admits only demote and erase)"
+        )
     if destination != row["workarea_id"]:
         if _area_status(state, destination) == "validated":
             raise RefusedOp(
@@ -307,11 +364,24 @@ def _validate_repair(args: dict[str, Any]) -> None:
     row = args["row"]
     if (row["artifact_id"], row["version"]) != (args["artifact_id"], args["version"]):
         raise RefusedOp("field 'row': artifact_id and version differ from the op's")
+    if row["body_ref"] == "object" and row.get("body_ciphertext") is not None:
+        raise RefusedOp("field 'row.body_ciphertext': a row with body_ref object has no lake body")
     _require_simulation_id(row)
 
 
+# Inside a validated area a repair may keep the row's state or retract it, as the status ladder
+# admits only demote and erase there; anything else would split silver from curated.
+_FROZEN_MOVES = {
+    "promoted": ("promoted", "demoted", "erased"),
+    "held": ("held", "demoted", "erased"),
+    "demoted": ("demoted", "erased"),
+}
+
+
 def _check_repair(op: Op, state: TenantState) -> None:
-    row = state.silver.get(_claim_key(op))
+    key = _claim_key(op)
+    row = state.silver.get(key)
+    repaired = op.args["row"]
     if (
         row is not None
         and row.get("fold_seq") is not None
@@ -319,12 +389,36 @@ def _check_repair(op: Op, state: TenantState) -> None:
     ):
         raise RefusedOp(
             f"claim.repair fold_seq {op.args['fold_seq']} is lower than the row's fold_seq "
-            f"{row['fold_seq']} ({_describe(_claim_key(op))})"
+            f"{row['fold_seq']} ({_describe(key)})"
+        )
+    if row is not None and row["state"] == "erased":
+        return  # erased is terminal: the repair changes nothing
+    if row is None and repaired["state"] == "held":
+        raise RefusedOp(f"claim.repair would admit a held body ({_describe(key)})")
+    destination = repaired["workarea_id"]
+    status = _known_area(op, state, destination)
+    source = row["workarea_id"] if row is not None else None
+    if source not in (None, destination) and _area_status(state, source) == "validated":
+        raise RefusedOp(f"claim.repair out of validated workarea {source} is refused by freeze")
+    if status != "validated":
+        return
+    if row is None or source != destination:
+        raise RefusedOp(f"claim.repair into validated workarea {destination} is refused by freeze")
+    if _tainted(repaired):
+        raise RefusedOp(
+            f"claim.repair of {_describe(key)} would put a simulation-tainted row in validated "
+            f"workarea {destination}"
+        )
+    if repaired["state"] not in _FROZEN_MOVES[row["state"]]:
+        raise RefusedOp(
+            f"claim.repair of {_describe(key)} from {row['state']} to {repaired['state']} "
+            f"inside validated workarea {destination} is refused by freeze"
         )
 
 
 def _apply_repair(op: Op, state: TenantState) -> None:
-    current = state.silver.get(_claim_key(op))
+    key = _claim_key(op)
+    current = state.silver.get(key)
     if current is not None and current["state"] == "erased":
         return
     repaired = {name: op.args["row"].get(name) for name in SILVER_CLAIMS.columns}
@@ -334,6 +428,11 @@ def _apply_repair(op: Op, state: TenantState) -> None:
     elif "body_ciphertext" not in op.args["row"]:
         repaired["body_ciphertext"] = _body(op, state, repaired["body_ref"])
     state.silver.put(repaired, op.seq)
+    # A row of a validated area lives in its curated table too: the same op changes both.
+    for curated in _curated_holding(state, key, repaired["workarea_id"]):
+        held = curated.get(key)
+        if held["state"] != "erased":
+            curated.put(dict(repaired, curated_at=held["curated_at"]), op.seq)
 
 
 def _apply_simulation_end(op: Op, state: TenantState) -> None:
@@ -374,6 +473,12 @@ _EDGE_FIELDS = (
 def _validate_edge(args: dict[str, Any]) -> None:
     if args["ratifier"] == args["proposer"]:
         raise RefusedOp(f"ratifier equals the proposer ({args['proposer']!r}); R2 forbids it")
+    labels = EDGE_LABELS[args["graph"]]
+    if args["edge_label"] not in labels:
+        raise RefusedOp(
+            f"field 'edge_label': {args['edge_label']!r} is not a {args['graph']} edge label "
+            f"({'|'.join(labels)})"
+        )
     for end in ("src_version", "dst_version"):
         has_version = args.get(end) is not None
         if args["graph"] == "claim" and not has_version:
@@ -391,6 +496,20 @@ def _edge_row(op: Op, state: TenantState) -> Row:
 def _check_ratify(op: Op, state: TenantState) -> None:
     existing = state.lineage.get((op.args["edge_id"],))
     if existing is None:
+        for end in ("src", "dst"):
+            node = op.args[f"{end}_id"]
+            if op.args["graph"] == "claim":
+                version = op.args[f"{end}_version"]
+                if state.silver.get((node, version)) is None:
+                    raise RefusedOp(
+                        f"edge.ratify of edge {op.args['edge_id']}: endpoint {end} "
+                        f"{_describe((node, version))} is not held by the lake"
+                    )
+            elif state.areas.get((node,)) is None:
+                raise RefusedOp(
+                    f"edge.ratify of edge {op.args['edge_id']}: endpoint {end} workarea {node} "
+                    "is not held by gold.areas"
+                )
         return
     same = {k: v for k, v in existing.items() if k != "applied_seq"}
     if same != {k: v for k, v in _edge_row(op, state).items() if k != "applied_seq"}:
@@ -417,7 +536,7 @@ def _apply_edge_demote(op: Op, state: TenantState) -> None:
 
 _AREA_OPTIONAL = (
     Field("parent_id", f.uuid_text, required=False, nullable=True),
-    Field("path", f.text, required=False),
+    Field("path", f.ltree_path, required=False),
     Field("status", f.one_of(*AREA_STATUSES), required=False),
     Field("crew_name", f.text, required=False, nullable=True),
     Field("crew_charter_uri", f.text, required=False, nullable=True),
@@ -431,16 +550,61 @@ def _validate_upsert(args: dict[str, Any]) -> None:
         raise RefusedOp("field 'status': validated is set by area.validate, not area.upsert")
 
 
+_LADDER = {status: rank for rank, status in enumerate(AREA_STATUSES)}
+
+
+def _check_path(node_id: str, parent_id: str | None, path: str, state: TenantState) -> None:
+    """`path` must be the parent's current path plus one label (one label for the root)."""
+    if parent_id is None:
+        if "." in path:
+            raise RefusedOp(f"field 'path': the root {node_id} has a one-label path, not {path!r}")
+        return
+    parent_path = state.areas.get((parent_id,))["path"]
+    head, _, label = path.rpartition(".")
+    if head != parent_path or not label:
+        raise RefusedOp(
+            f"field 'path': {path!r} of workarea {node_id} does not extend its parent's path "
+            f"{parent_path!r} by one label"
+        )
+
+
 def _check_upsert(op: Op, state: TenantState) -> None:
-    area = state.areas.get((op.args["workarea_id"],))
+    node_id = op.args["workarea_id"]
+    area = state.areas.get((node_id,))
     if area is None:
         missing = [name for name in ("path", "status") if name not in op.args]
         if missing:
+            raise RefusedOp(f"area.upsert of new workarea {node_id} lacks {', '.join(missing)}")
+        parent_id = op.args.get("parent_id")
+        if parent_id is None:
+            roots = [a["workarea_id"] for a in state.areas.values() if a["parent_id"] is None]
+            if roots:
+                raise RefusedOp(
+                    f"area.upsert of workarea {node_id} without a parent: the tenant's root is "
+                    f"{roots[0]} already"
+                )
+        elif parent_id == node_id:
+            raise RefusedOp(f"area.upsert of workarea {node_id} as its own parent")
+        elif state.areas.get((parent_id,)) is None:
             raise RefusedOp(
-                f"area.upsert of new workarea {op.args['workarea_id']} lacks {', '.join(missing)}"
+                f"area.upsert of workarea {node_id} under an unknown parent {parent_id}"
             )
-    elif area["status"] == "validated" and op.args.get("status", "validated") != "validated":
-        raise RefusedOp(f"workarea {op.args['workarea_id']} is validated: its status is frozen")
+        _check_path(node_id, parent_id, op.args["path"], state)
+        return
+    for column in ("parent_id", "path"):
+        if column in op.args and op.args[column] != area[column]:
+            raise RefusedOp(
+                f"area.upsert changes {column} of workarea {node_id}: area.reparent moves a "
+                "workarea and its subtree"
+            )
+    status = op.args.get("status", area["status"])
+    if area["status"] == "validated" and status != "validated":
+        raise RefusedOp(f"workarea {node_id} is validated: its status is frozen")
+    if _LADDER[status] < _LADDER[area["status"]]:
+        raise RefusedOp(
+            f"field 'status': workarea {node_id} cannot move down the ladder from "
+            f"{area['status']} to {status}"
+        )
 
 
 def _apply_upsert(op: Op, state: TenantState) -> None:
@@ -457,13 +621,18 @@ def _apply_upsert(op: Op, state: TenantState) -> None:
 
 
 def _descendants(state: TenantState, workarea_id: str) -> list[str]:
+    """The subtree below `workarea_id`, parents before children. Each node is visited once, so
+    a cycle already in gold.areas (written before cycles were refused) cannot hang the walk."""
     children: dict[str, list[str]] = {}
     for area in state.areas.values():
         if area["parent_id"] is not None:
             children.setdefault(area["parent_id"], []).append(area["workarea_id"])
-    found, stack = [], list(children.get(workarea_id, ()))
+    found, seen, stack = [], {workarea_id}, list(children.get(workarea_id, ()))
     while stack:
         node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
         found.append(node)
         stack.extend(children.get(node, ()))
     return found
@@ -471,12 +640,16 @@ def _descendants(state: TenantState, workarea_id: str) -> list[str]:
 
 def _check_reparent(op: Op, state: TenantState) -> None:
     node, parent = op.args["workarea_id"], op.args["parent_id"]
-    if state.areas.get((node,)) is None:
+    area = state.areas.get((node,))
+    if area is None:
         raise RefusedOp(f"area.reparent of an unknown workarea {node}")
+    if area["parent_id"] is None:
+        raise RefusedOp(f"area.reparent of the root {node}: the root has no parent")
     if state.areas.get((parent,)) is None:
         raise RefusedOp(f"area.reparent under an unknown parent {parent}")
     if parent == node or parent in _descendants(state, node):
         raise RefusedOp(f"area.reparent of {node} under its own subtree ({parent}) makes a cycle")
+    _check_path(node, parent, op.args["path"], state)
 
 
 def _apply_reparent(op: Op, state: TenantState) -> None:
@@ -504,12 +677,17 @@ def _check_validate(op: Op, state: TenantState) -> None:
         raise RefusedOp(f"area.validate of an unknown workarea {workarea_id}")
     if status == "validated":
         return
+    if status != "committed":
+        raise RefusedOp(
+            f"area.validate of workarea {workarea_id} in status {status}: only a committed "
+            "area is validated"
+        )
     tainted = sorted(
         row["artifact_id"]
         for row in state.silver.values()
         if row["workarea_id"] == workarea_id
         and row["state"] in ("promoted", "held")
-        and (row["simulation_id"] or row["sim_derived_ids"])
+        and _tainted(row)
     )
     if tainted:
         raise RefusedOp(
@@ -529,7 +707,8 @@ def _apply_validate(op: Op, state: TenantState) -> None:
     curated = state.new_curated(workarea_id)
     for row in state.silver.values():
         if row["workarea_id"] == workarea_id and row["state"] == "promoted":
-            curated.put(dict(row, curated_at=state.materialized_at), op.seq)
+            # The validation's own instant: a rebuild from the outbox gives the same rows.
+            curated.put(dict(row, curated_at=op.args["at"]), op.seq)
 
 
 # --- the catalog -------------------------------------------------------------------------------
@@ -584,7 +763,7 @@ CATALOG: dict[str, OpSpec] = {
             (
                 Field("workarea_id", f.uuid_text),
                 Field("parent_id", f.uuid_text),
-                Field("path", f.text),
+                Field("path", f.ltree_path),
                 _AT,
             ),
             _apply_reparent,
@@ -600,7 +779,14 @@ CATALOG: dict[str, OpSpec] = {
 }
 
 
-def parse(seq: int, journal_seq: int, tenant_id: str, name: str, payload: Any) -> Op:
+def parse(
+    seq: int,
+    journal_seq: int,
+    tenant_id: str,
+    name: str,
+    payload: Any,
+    origin_journal_seq: int | None = None,
+) -> Op:
     """Parse one outbox row into an `Op`, or raise `RefusedOp` naming what is wrong."""
     spec = CATALOG.get(name)
     if spec is None:
@@ -616,12 +802,16 @@ def parse(seq: int, journal_seq: int, tenant_id: str, name: str, payload: Any) -
         spec.validate(args)
     except RefusedOp as refused:
         raise RefusedOp(f"{name}: {refused.reason}") from None
-    return Op(seq, journal_seq, tenant_id, name, payload, args)
+    unknown = tuple(n for n in f.unknown_fields(payload, spec.fields) if n != "tenant_id")
+    return Op(seq, journal_seq, tenant_id, name, payload, args, unknown, origin_journal_seq)
 
 
 def check(op: Op, state: TenantState) -> None:
     try:
         CATALOG[op.name].check(op, state)
+        if op.unknown:
+            # Refused rather than dropped: the producer and the catalog disagree on the op.
+            raise RefusedOp(f"unknown field(s) {', '.join(repr(n) for n in op.unknown)}")
     except RefusedOp as refused:
         reason = (
             refused.reason if refused.reason.startswith(op.name) else f"{op.name}: {refused.reason}"

@@ -37,3 +37,8 @@ class LostCuratedTable(LakeError):
     """gold.areas marks a workarea validated but its curated table is gone. A curated table is
     built from silver as of the validation, which the live silver no longer shows, so it cannot
     be rebuilt alone: recover the tenant's whole prefix (delete it, then drain or backfill)."""
+
+
+class BatchTimeout(LakeError):
+    """A batch fold ran past its time bound; the message names the op it was on. Nothing of the
+    batch was recorded or committed, so the next run starts it again."""

@@ -16,6 +16,11 @@ from typing import Any
 from .errors import RefusedOp
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# RFC 3339 date-time (section 5.6): full date, "T", full time, fraction optional, offset required.
+# fromisoformat alone also takes ISO 8601 forms RFC 3339 does not (week dates, basic format).
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+# One ltree label (PostgreSQL 15: letters, digits and underscores).
+_LTREE_LABEL = re.compile(r"^[A-Za-z0-9_]{1,256}$")
 _MISSING = object()
 
 
@@ -50,6 +55,13 @@ def integer(field: str, value: Any) -> int:
     return value
 
 
+def non_negative(field: str, value: Any) -> int:
+    number = integer(field, value)
+    if number < 0:
+        raise _fail(field, "an integer >= 0", value)
+    return number
+
+
 def positive(field: str, value: Any) -> int:
     number = integer(field, value)
     if number < 1:
@@ -64,9 +76,9 @@ def boolean(field: str, value: Any) -> bool:
 
 
 def instant(field: str, value: Any) -> dt.datetime:
-    if isinstance(value, str):
+    if isinstance(value, str) and _RFC3339.match(value):
         try:
-            parsed = dt.datetime.fromisoformat(value)
+            parsed = dt.datetime.fromisoformat(value.upper())
         except ValueError:
             parsed = None
         if parsed is not None and parsed.tzinfo is not None:
@@ -81,6 +93,25 @@ def b64(field: str, value: Any) -> bytes:
         except (binascii.Error, ValueError):
             pass
     raise _fail(field, "base64 bytes", value)
+
+
+def b64_sized(size: int | None = None) -> Callable[[str, Any], bytes]:
+    """Non-empty base64 bytes, exactly `size` of them when given (chain hashes, signatures)."""
+
+    def parse(field: str, value: Any) -> bytes:
+        data = b64(field, value)
+        if not data or (size is not None and len(data) != size):
+            raise _fail(field, f"base64 of {size or 'at least 1'} bytes", value)
+        return data
+
+    return parse
+
+
+def ltree_path(field: str, value: Any) -> str:
+    """A workarea path: ltree labels joined by dots."""
+    if isinstance(value, str) and all(_LTREE_LABEL.match(label) for label in value.split(".")):
+        return value
+    raise _fail(field, "an ltree path (labels of letters, digits, _ joined by dots)", value)
 
 
 def hex_digest(field: str, value: Any) -> str:
@@ -120,7 +151,7 @@ def record(*fields: Field) -> Callable[[str, Any], dict]:
     def parse(field: str, value: Any) -> dict:
         if not isinstance(value, dict):
             raise _fail(field, "an object", value)
-        return parse_fields(value, fields, prefix=f"{field}.")
+        return parse_fields(value, fields, prefix=f"{field}.", strict=True)
 
     return parse
 
@@ -133,8 +164,18 @@ class Field:
     nullable: bool = False
 
 
-def parse_fields(payload: dict, fields: tuple[Field, ...], prefix: str = "") -> dict:
-    """Parse the declared fields of `payload`; absent optional fields are left out."""
+def unknown_fields(payload: dict, fields: tuple[Field, ...]) -> list[str]:
+    declared = {f.name for f in fields}
+    return sorted(name for name in payload if name not in declared)
+
+
+def parse_fields(
+    payload: dict, fields: tuple[Field, ...], prefix: str = "", strict: bool = False
+) -> dict:
+    """Parse the declared fields of `payload`; absent optional fields are left out. `strict`
+    refuses fields the declaration does not name."""
+    if strict and (unknown := unknown_fields(payload, fields)):
+        raise RefusedOp(f"unknown field(s) {', '.join(repr(prefix + n) for n in unknown)}")
     out: dict[str, Any] = {}
     for f in fields:
         name = prefix + f.name

@@ -7,7 +7,6 @@ holds an op's effect (it committed that batch before a crash) must not take it t
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,7 +90,9 @@ class TenantState:
     bodies: dict[Key, bytes]
     # api_key_id -> owning tenant_id.
     api_keys: dict[str, str]
-    materialized_at: dt.datetime
+    # journal_seq -> (event_id, hash) of every event bronze holds or this batch appends, for
+    # the events the batch names: bronze keeps one row per journal_seq.
+    events: dict[int, tuple[str, bytes]] = field(default_factory=dict)
 
     def curated_for(self, workarea_id: str) -> KeyedWork | None:
         return self.curated.get(workarea_id)

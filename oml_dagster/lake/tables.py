@@ -190,5 +190,10 @@ CLAIM_STATES = ("promoted", "demoted", "erased", "held")
 AREA_STATUSES = ("development", "committed", "validated")
 EDGE_STATES = ("ratified", "demoted")
 GRAPHS = ("claim", "workarea")
+# The labels of each graph (spec: gold.lineage); an edge of one graph never carries another's.
+EDGE_LABELS = {
+    "claim": ("derives_from", "supersedes"),
+    "workarea": ("relates_to", "continues", "derived_from", "mirrors"),
+}
 PROVENANCES = ("agent", "human", "connector", "simulation")
 BODY_REFS = ("lake", "object")

@@ -57,6 +57,7 @@ from .tables import (
     SILVER_CLAIMS,
     TableSpec,
 )
+from .watchdog import Watchdog
 
 DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
 
@@ -68,6 +69,8 @@ class WriterConfig:
     # lie between its txn version and the batch end. Must stay below max_batch.
     txn_lag_limit: int = 2500
     max_commit_attempts: int = 8
+    # A fold running longer than this fails with BatchTimeout naming its op (None: no bound).
+    fold_timeout_seconds: float | None = 300.0
 
     def __post_init__(self):
         if self.max_batch < 2 or not 0 < self.txn_lag_limit < self.max_batch:
@@ -138,9 +141,12 @@ def writer_properties(spec: TableSpec) -> WriterProperties:
 
 
 def _load_ops(conn: psycopg.Connection, tenant_id: str, after: int, limit: int) -> list[tuple]:
+    """(seq, journal_seq, op, payload, origin_journal_seq): the last is the journal_seq of the
+    act a re-enqueued dead letter was refused in, NULL for every other row."""
     return conn.execute(
-        "SELECT seq, journal_seq, op, payload FROM oml.outbox"
-        " WHERE tenant_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+        "SELECT o.seq, o.journal_seq, o.op, o.payload, d.journal_seq FROM oml.outbox o"
+        " LEFT JOIN oml.lake_dead_letter d ON d.requeued_id = o.id"
+        " WHERE o.tenant_id = %s AND o.seq > %s ORDER BY o.seq LIMIT %s",
         (tenant_id, after, limit),
     ).fetchall()
 
@@ -203,6 +209,13 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
     claim_keys = {
         (op.args["artifact_id"], op.args["version"]) for op in ops if op.name.startswith("claim.")
     }
+    # Claim edges need their endpoints: the lake must hold both.
+    claim_keys |= {
+        (op.args[f"{end}_id"], op.args[f"{end}_version"])
+        for op in ops
+        if op.name == "edge.ratify" and op.args["graph"] == "claim"
+        for end in ("src", "dst")
+    }
     sims = {op.args["simulation_id"] for op in ops if op.name == "simulation.end"}
     tainted = {
         op.args["simulation_id"]
@@ -221,16 +234,26 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
             rows = read_rows(silver, SILVER_CLAIMS, sql_in("artifact_id", {k[0] for k in keys}))
             state.silver.load(r for r in rows if (r["artifact_id"], r["version"]) in keys)
 
+    bronze = handles[BRONZE_EVENTS.name].table
+    journal_seqs = [op.args["journal_seq"] for op in ops if op.name == "journal.event"]
+    if bronze is not None and journal_seqs:
+        held = query(
+            bronze,
+            "journal_seq, event_id, hash",
+            f"journal_seq BETWEEN {min(journal_seqs)} AND {max(journal_seqs)}",
+        ).to_pylist()
+        state.events.update((r["journal_seq"], (r["event_id"], r["hash"])) for r in held)
+
     lineage = handles[GOLD_LINEAGE.name].table
     if lineage is not None and (edge_ids or sims):
         condition = f"{sql_in('edge_id', edge_ids)} OR {sql_in('simulation_id', sims)}"
         state.lineage.load(read_rows(lineage, GOLD_LINEAGE, condition))
 
-    # Curated rows a demote or erase reaches: routed by the silver row's workarea.
+    # Curated rows a demote, erase or repair reaches: routed by the silver row's workarea.
     retracted = {
         (op.args["artifact_id"], op.args["version"])
         for op in ops
-        if op.name in ("claim.demote", "claim.erase")
+        if op.name in ("claim.demote", "claim.erase", "claim.repair")
     }
     for workarea_id, work in state.curated.items():
         handle = handles.get(f"{GOLD_CURATED.name}/{workarea_id}")
@@ -327,6 +350,7 @@ def _commit_table(
 ) -> TableOutcome:
     """Land `output(txn)` in one fenced commit, re-checking the skip rule after any conflict."""
     outcome = TableOutcome(handle.name, "skipped", txn_before=handle.txn, txn_after=handle.txn)
+    last_conflict: Exception | None = None
     for attempt in range(1, config.max_commit_attempts + 1):
         outcome.attempts = attempt
         txn = _txn(handle.table)
@@ -350,11 +374,17 @@ def _commit_table(
         props = _commit_properties(tenant_id, txn, batch_end, lag)
         try:
             _write(handle, lake, rows, props, configuration)
-        except (CommitFailedError, DeltaError) as conflict:
+        except CommitFailedError as conflict:
             # A concurrent writer got there first: reload, then the skip rule decides.
-            reloaded = lake.open(handle.uri)
+            last_conflict = conflict
+            handle.table = lake.open(handle.uri)
+            continue
+        except DeltaError as error:
+            # Only the creation race is a conflict: another writer created the table first.
+            reloaded = lake.open(handle.uri) if handle.table is None else None
             if reloaded is None:
-                raise conflict
+                raise
+            last_conflict = error
             handle.table = reloaded
             continue
         handle.table = lake.open(handle.uri)
@@ -366,7 +396,7 @@ def _commit_table(
     raise ConflictingCommit(
         f"{handle.name} of tenant {tenant_id}: still conflicting after "
         f"{config.max_commit_attempts} attempts at batch_end {batch_end}"
-    )
+    ) from last_conflict
 
 
 # --- one batch ---------------------------------------------------------------------------------
@@ -401,15 +431,17 @@ def drain_tenant(
     recorded = deadletter.refused_seqs(conn, tenant_id, base, min(decided, batch_end))
 
     ops: list[tuple[int, Op | RefusedOp]] = []
-    for seq, journal_seq, name, payload in rows:
+    for seq, journal_seq, name, payload, origin in rows:
         try:
-            ops.append((seq, catalog.parse(seq, journal_seq, tenant_id, name, payload)))
+            ops.append((seq, catalog.parse(seq, journal_seq, tenant_id, name, payload, origin)))
         except RefusedOp as refused:
             ops.append((seq, refused))
     parsed = [op for _, op in ops if isinstance(op, Op)]
 
     state = _working_state(conn, tenant_id, handles, area_rows, parsed)
-    refused = _fold(ops, decided, recorded, state)
+    batch = f"tenant {tenant_id}, batch ({base}, {batch_end}]"
+    with Watchdog(config.fold_timeout_seconds, batch) as watchdog:
+        refused = _fold(ops, decided, recorded, state, watchdog)
     result.refused = refused
 
     if batch_end > decided:
@@ -497,7 +529,6 @@ def _working_state(
         api_keys=_api_keys(
             conn, {op.args["api_key_id"] for op in parsed if op.name == "journal.event"}
         ),
-        materialized_at=dt.datetime.now(dt.UTC),
     )
     state.areas.load(area_rows)
     _prefetch(state, handles, parsed)
@@ -509,11 +540,13 @@ def _fold(
     decided: int,
     recorded: dict[int, str],
     state: TenantState,
+    watchdog: Watchdog,
 ) -> dict[int, str]:
     """Apply the batch's ops in seq order. Ops at or below `decided` keep their recorded
     verdict; later ones are checked against the tables as of the op. Returns new refusals."""
     refused: dict[int, str] = {}
     for seq, op in ops:
+        watchdog.on = f"op seq {seq} ({op.name if isinstance(op, Op) else 'unparsed'})"
         if seq <= decided:
             if seq in recorded or isinstance(op, RefusedOp):
                 continue
@@ -541,7 +574,7 @@ def _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end) -> None
     by_seq = {r[0]: r for r in rows}
     with conn.transaction():
         for seq, reason in refused.items():
-            _, journal_seq, name, payload = by_seq[seq]
+            _, journal_seq, name, payload, _ = by_seq[seq]
             deadletter.record(conn, seq, tenant_id, journal_seq, name, payload, reason)
         conn.execute(
             "INSERT INTO oml.lake_verdicts (tenant_id, decided_through) VALUES (%s, %s)"

@@ -436,10 +436,11 @@ class TenantWorkload:
             child.path = f"{self._areas[child.parent_id].path}.{child.label}"
 
     def _status_change(self) -> None:
-        areas = [a for a in self._areas.values() if a is not self.root and not a.frozen]
+        """An area moves up the ladder, development to committed (it never moves down)."""
+        areas = [a for a in self._areas.values() if a.status == "development"]
         if areas:
             area = self.rng.choice(areas)
-            area.status = "committed" if area.status == "development" else "development"
+            area.status = "committed"
             self._emit(acts.upsert_area_act(area.workarea_id, status=area.status))
 
     def _crew_update(self) -> None:
