@@ -11,11 +11,14 @@ import time
 
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from oml_dagster import cli
 from oml_dagster.lake import analytics
+from oml_dagster.lake.drain import drain
 from oml_dagster.lake.tables import GOLD_AREAS
-from oml_dagster.simulate import acts
+from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.runner import run
 from oml_dagster.simulate.workload import WorkloadConfig
 
@@ -149,3 +152,109 @@ def test_bad_dates_are_refused_by_name(capsys, tenant):
     assert analytics.parse_instant("2026-03-01T10:00:00") == dt.datetime(
         2026, 3, 1, 10, tzinfo=dt.UTC
     )
+
+
+# Area acts, lawful or not, after a lawful root: each names nodes by index into a small pool, so
+# refusals (unknown nodes and parents, cycles, second roots, paths off the parent, moves down the
+# ladder, validations of uncommitted areas, moving the root) come up as often as lawful acts.
+POOL = 5
+_node = st.integers(0, POOL - 1)
+_status = st.sampled_from(["development", "committed"])
+_acts = st.lists(
+    st.one_of(
+        st.tuples(st.just("new"), _node, st.none() | _node, _status, st.booleans()),
+        st.tuples(st.just("status"), _node, _status),
+        st.tuples(st.just("crew"), _node, st.sampled_from(["crew-1", "crew-2", None])),
+        st.tuples(st.just("reparent"), _node, _node, st.booleans()),
+        st.tuples(st.just("validate"), _node),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+# Each rule refused at least once, whatever the random draw: a validation of an area in
+# development, a re-parent with a path off its new parent, a move down the ladder, a second root,
+# moving the root, a cycle, an upsert that moves a node; and a lawful mix.
+RULE_EXAMPLES = [
+    [("new", 1, 0, "development", True), ("validate", 1)],
+    [("new", 1, 0, "committed", True), ("new", 2, 0, "committed", True), ("reparent", 1, 2, False)],
+    [("new", 1, 0, "committed", True), ("status", 1, "development")],
+    [("new", 1, None, "committed", True)],
+    [("new", 1, 0, "development", True), ("reparent", 0, 1, True)],
+    [
+        ("new", 1, 0, "committed", True),
+        ("new", 2, 1, "development", True),
+        ("reparent", 1, 2, True),
+    ],
+    [("new", 1, 0, "committed", True), ("new", 1, 0, "committed", False)],
+    [
+        ("new", 1, 0, "committed", True),
+        ("new", 2, 1, "development", True),
+        ("new", 3, 0, "development", True),
+        ("reparent", 1, 3, True),
+        ("validate", 1),
+        ("crew", 2, "crew-1"),
+        ("status", 3, "committed"),
+    ],
+]
+
+
+def _with_examples(test):
+    for script in RULE_EXAMPLES:
+        test = example(script=script)(test)
+    return test
+
+
+@pytest.mark.slow
+@_with_examples
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(script=_acts)
+def test_any_sequence_of_area_acts_replays_to_what_the_writer_made(conn, lake, script):
+    keys = producer.create_tenant(conn)
+    ids = [new_id() for _ in range(POOL)]
+    # What the script believes the paths are (node 0 is the root); wrong after some refusals,
+    # which is the point.
+    paths: dict[int, str] = {0: "n0"}
+    batch = [acts.upsert_area_act(ids[0], parent_id=None, path="n0", status="committed")]
+
+    def path_under(parent: int | None, node: int, extends: bool) -> str:
+        if parent is None:
+            return f"n{node}"
+        return f"{paths.get(parent, 'zz')}.n{node}" if extends else f"off.n{node}"
+
+    for act in script:
+        if act[0] == "new":
+            _, node, parent, status, extends = act
+            path = path_under(parent, node, extends)
+            parent_id = None if parent is None else ids[parent]
+            batch.append(
+                acts.upsert_area_act(ids[node], parent_id=parent_id, path=path, status=status)
+            )
+            paths.setdefault(node, path)
+        elif act[0] == "status":
+            batch.append(acts.upsert_area_act(ids[act[1]], status=act[2]))
+        elif act[0] == "crew":
+            batch.append(acts.upsert_area_act(ids[act[1]], crew_name=act[2]))
+        elif act[0] == "reparent":
+            _, node, parent, extends = act
+            path = path_under(parent, node, extends)
+            batch.append(acts.reparent_area_act(ids[node], ids[parent], path))
+            if extends:
+                paths[node] = path
+        else:
+            batch.append(acts.validate_area_act(ids[act[1]]))
+    producer.commit_acts(conn, keys, batch)
+    drain(conn, lake, [keys.tenant_id], until_idle=True)
+
+    gold = gold_now(lake, keys.tenant_id)
+    by_rules = replay(lake, keys.tenant_id)
+    assert analytics.area_differences(by_rules.areas, gold) == []
+    with_dead_letters = replay(
+        lake, keys.tenant_id, refused=analytics.refused_area_acts(conn, keys.tenant_id)
+    )
+    assert with_dead_letters.areas == gold
