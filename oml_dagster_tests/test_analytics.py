@@ -15,6 +15,7 @@ import duckdb
 import pytest
 from dagster import AssetKey
 
+from oml_dagster import cli
 from oml_dagster.defs.analytics import ANALYTICS_KEYS
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.lake import analytics
@@ -326,7 +327,9 @@ def test_nothing_decrypts_bodies():
 
 
 @pytest.mark.s3
-def test_lakes_on_s3_are_read_with_the_lakes_storage_options(conn, s3_lake, tenant):
+def test_lakes_on_s3_are_read_with_the_lakes_storage_options(
+    conn, s3_lake, tenant, monkeypatch, capsys
+):
     tree = make_tree(conn, tenant)
     acts.promote(conn, tenant, acts.Claim(new_id(), 1, tree.a, "u.a"), b"body")
     other = producer.create_tenant(conn)
@@ -351,3 +354,12 @@ def test_lakes_on_s3_are_read_with_the_lakes_storage_options(conn, s3_lake, tena
     assert sum(r["events"] for r in volume) == 5
     assert analytics.area_differences(replay.areas, gold) == []
     assert isinstance(s3_lake, Lake) and not s3_lake.is_local
+
+    # The command line reaches the same lake from the environment.
+    monkeypatch.setenv("OML_LAKE_URI", s3_lake.root)
+    monkeypatch.setenv("OML_LAKE_STORAGE_OPTIONS", json.dumps(s3_lake.storage_options))
+    query = "SELECT count(*) AS n FROM gold_areas"
+    assert cli.main(["sql", "--tenant", tenant.tenant_id, "--json", query]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 4}]
+    assert cli.main(["areas-at", "--tenant", tenant.tenant_id]) == 0
+    assert "matches gold.areas (4 nodes)" in capsys.readouterr().out
