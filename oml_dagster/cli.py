@@ -9,7 +9,7 @@ import getpass
 import json
 import sys
 
-from .lake import db, deadletter, maintenance_cli, sequencer
+from .lake import analytics_cli, db, deadletter, maintenance_cli, sequencer
 from .lake.doctor import DEFAULT_LAG_LIMIT, examine
 from .lake.drain import DrainPass, drain
 from .lake.erasure import erased_artifacts, erasure_evidence
@@ -315,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     rq.add_argument("--payload", help="a corrected payload (JSON); default: the stored one")
     rq.set_defaults(func=cmd_deadletter_requeue)
     maintenance_cli.register(sub)
+    analytics_cli.register(sub)
     register_simulate(sub)
     return parser
 

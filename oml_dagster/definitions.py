@@ -2,6 +2,12 @@
 
 from dagster import Definitions
 
+from oml_dagster.defs.analytics import (
+    ANALYTICS_ASSETS,
+    ANALYTICS_CHECKS,
+    daily_analytics_schedule,
+    lake_analytics_job,
+)
 from oml_dagster.defs.assets import lake_tables, outbox
 from oml_dagster.defs.checks import LAKE_CHECKS, erasure_evidence_asset, reconcile_schedule
 from oml_dagster.defs.jobs import lake_writer_job
@@ -10,10 +16,10 @@ from oml_dagster.defs.resources import build_resources
 from oml_dagster.defs.sensors import outbox_sensor
 
 defs = Definitions(
-    assets=[outbox, lake_tables, erasure_evidence_asset],
-    asset_checks=LAKE_CHECKS,
-    jobs=[lake_writer_job, *MAINTENANCE_JOBS],
+    assets=[outbox, lake_tables, erasure_evidence_asset, *ANALYTICS_ASSETS],
+    asset_checks=[*LAKE_CHECKS, *ANALYTICS_CHECKS],
+    jobs=[lake_writer_job, *MAINTENANCE_JOBS, lake_analytics_job],
     sensors=[outbox_sensor],
-    schedules=[reconcile_schedule, *MAINTENANCE_SCHEDULES],
+    schedules=[reconcile_schedule, *MAINTENANCE_SCHEDULES, daily_analytics_schedule],
     resources=build_resources(),
 )

@@ -38,9 +38,26 @@ EXPECTED_ASSETS = {
     "gold/areas": ("gold", {"bronze/events"}),
     "gold/curated": ("gold", {"silver/claims", "gold/areas"}),
     "reconciler/erasure_evidence": ("reconciler", {"silver/claims", "gold/curated"}),
+    "analytics/event_volume": ("analytics", {"bronze/events"}),
+    "analytics/lake_lag": (
+        "analytics",
+        {
+            "postgres/outbox",
+            "bronze/events",
+            "silver/claims",
+            "gold/lineage",
+            "gold/areas",
+            "gold/curated",
+        },
+    ),
+    "analytics/claims_by_state": ("analytics", {"silver/claims", "gold/areas"}),
+    "analytics/lineage_stats": ("analytics", {"gold/lineage", "silver/claims"}),
 }
-LAKE_TABLES = set(EXPECTED_ASSETS) - {"postgres/outbox", "reconciler/erasure_evidence"}
-LAKE_ASSETS = set(EXPECTED_ASSETS) - {"postgres/outbox"}
+ANALYTICS_ASSETS = {k for k in EXPECTED_ASSETS if k.startswith("analytics/")}
+LAKE_TABLES = (
+    set(EXPECTED_ASSETS) - {"postgres/outbox", "reconciler/erasure_evidence"} - ANALYTICS_ASSETS
+)
+LAKE_ASSETS = LAKE_TABLES | {"reconciler/erasure_evidence"}
 EXPECTED_CHECKS = {
     ("bronze/events", "tenant_id_matches_partition"),
     ("silver/claims", "tenant_id_matches_partition"),
@@ -60,6 +77,7 @@ EXPECTED_CHECKS = {
     ("gold/curated", "no_simulation_tainted_rows"),
     *((table, "frontier_matches_delta_log") for table in LAKE_TABLES),
 }
+ANALYTICS_CHECKS = {(a, "second_reader_agrees") for a in ANALYTICS_ASSETS}
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +109,15 @@ def test_asset_graph_is_pinned(repo):
     assert len({id(graph.get(key(p)).assets_def) for p in LAKE_TABLES}) == 1
     evidence = graph.get(key("reconciler/erasure_evidence")).assets_def
     assert evidence is not graph.get(key("silver/claims")).assets_def
+    # Each analytics asset is its own step: one can be rematerialized without the others.
+    assert len({id(graph.get(key(p)).assets_def) for p in ANALYTICS_ASSETS}) == 4
     assert TENANT_PARTITIONS_NAME == "oml_lake_tenants"
 
 
 def test_asset_checks_are_pinned_and_partitioned(repo):
     graph = repo.asset_graph
     found = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}
-    assert found == EXPECTED_CHECKS
+    assert found == EXPECTED_CHECKS | ANALYTICS_CHECKS
     for check_key in graph.asset_check_keys:
         partitions_def = graph.get(check_key).partitions_def
         assert partitions_def is not None and partitions_def.name == TENANT_PARTITIONS_NAME
@@ -105,11 +125,20 @@ def test_asset_checks_are_pinned_and_partitioned(repo):
 
 def test_jobs_are_pinned(repo):
     names = {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")}
-    expected = {"lake_writer_job", *(j.name for j in maintenance.MAINTENANCE_JOBS)}
+    expected = {
+        "lake_writer_job",
+        "lake_analytics_job",
+        *(j.name for j in maintenance.MAINTENANCE_JOBS),
+    }
     assert names == expected
     job = repo.get_job("lake_writer_job")
     assert job.executor_def.name == "in_process"
+    # The sensor's lake-writer runs never materialize the analytics.
     assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} == LAKE_ASSETS
+    analytics_job = repo.get_job("lake_analytics_job")
+    assert {
+        k.to_user_string() for k in analytics_job.asset_layer.selected_asset_keys
+    } == ANALYTICS_ASSETS
     assert job.partitions_def.name == TENANT_PARTITIONS_NAME
     # Every tenant-touching job is tenant-partitioned, so the per-tenant run limit holds for it.
     for j in repo.get_all_jobs():
@@ -126,8 +155,29 @@ def test_sensors_and_schedules_are_pinned(repo):
     assert sensor.minimum_interval_seconds == 30
     assert sensor.default_status == DefaultSensorStatus.STOPPED
     schedules = {s.name for s in repo.schedule_defs}
-    assert schedules == {"reconcile_schedule", *(s.name for s in maintenance.MAINTENANCE_SCHEDULES)}
+    assert schedules == {
+        "reconcile_schedule",
+        "daily_analytics_schedule",
+        *(s.name for s in maintenance.MAINTENANCE_SCHEDULES),
+    }
     assert repo.get_schedule_def("reconcile_schedule").job_name == "lake_writer_job"
+    assert repo.get_schedule_def("daily_analytics_schedule").job_name == "lake_analytics_job"
+
+
+def test_analytics_schedule_requests_one_run_per_tenant(repo):
+    schedule = repo.get_schedule_def("daily_analytics_schedule")
+    with instance_for_test() as instance:
+        context = build_schedule_context(
+            instance=instance, repository_def=repo, scheduled_execution_time=TICK
+        )
+        assert schedule.evaluate_tick(context).skip_message
+        instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, ["t1", "t2"])
+        context = build_schedule_context(
+            instance=instance, repository_def=repo, scheduled_execution_time=TICK
+        )
+        requests = schedule.evaluate_tick(context).run_requests
+    assert sorted(r.partition_key for r in requests) == ["t1", "t2"]
+    assert len({r.run_key for r in requests}) == 2
 
 
 def test_automation_settings_come_from_the_environment():
