@@ -8,19 +8,22 @@ import binascii
 import datetime as dt
 import json
 import re
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import RefusedOp
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# \Z, not $: $ also matches before a final newline.
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 # RFC 3339 date-time (section 5.6): full date, "T", full time, fraction optional, offset required.
 # fromisoformat alone also takes ISO 8601 forms RFC 3339 does not (week dates, basic format).
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+_RFC3339 = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
+)
 # One ltree label (PostgreSQL 15: letters, digits and underscores).
-_LTREE_LABEL = re.compile(r"^[A-Za-z0-9_]{1,256}$")
+_LTREE_LABEL = re.compile(r"^[A-Za-z0-9_]{1,256}\Z")
 _MISSING = object()
 
 
@@ -40,12 +43,9 @@ def text(field: str, value: Any) -> str:
 
 
 def uuid_text(field: str, value: Any) -> str:
-    if isinstance(value, str):
-        try:
-            if str(uuid.UUID(value)) == value:
-                return value
-        except ValueError:
-            pass
+    # Exactly the strings str(uuid.UUID(value)) gives back unchanged: 8-4-4-4-12 lowercase hex.
+    if isinstance(value, str) and _UUID.match(value):
+        return value
     raise _fail(field, "a UUID in lowercase text", value)
 
 

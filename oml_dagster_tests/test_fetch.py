@@ -1,0 +1,185 @@
+"""The columnar path is conservative: an event the fetch's SQL checks and the bronze module clear
+as a bronze row is one the op catalog accepts, and the row is the one the catalog would write. Random event payloads — valid ones and
+ones broken in each way a producer can break them — are fetched and compared with the catalog's
+verdict (Hypothesis)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from oml_dagster.lake import catalog, sequencer
+from oml_dagster.lake.bronze import cleared_events
+from oml_dagster.lake.errors import RefusedOp
+from oml_dagster.lake.fetch import Fetcher
+from oml_dagster.lake.state import AppendWork, KeyedWork, TenantState
+from oml_dagster.lake.tables import GOLD_AREAS, GOLD_LINEAGE, SILVER_CLAIMS
+from oml_dagster.simulate import producer
+
+B32 = base64.b64encode(bytes(range(32))).decode()
+MUTATIONS = {
+    "at": st.sampled_from(
+        [
+            "2026-11-01T12:00:00Z",
+            "2026-11-01T12:00:00.123456Z",
+            "2026-11-01T12:00:00.123456789Z",
+            "2026-11-01T12:00:00+00:00",
+            "2026-11-01T14:00:00+02:00",
+            "2026-11-01t12:00:00z",
+            "2024-02-29T00:00:00Z",
+            "2023-02-29T00:00:00Z",
+            "2026-04-31T00:00:00Z",
+            "2026-12-31T23:59:59.999999Z",
+            "2026-11-01T24:00:00Z",
+            "2026-11-01T12:00:60Z",
+            "0000-01-01T00:00:00Z",
+            "2026-W44-1T12:00Z",
+            "20261101T120000Z",
+            "2026-11-01 12:00:00Z",
+            "2026-11-01T12:00:00Z\n",
+            "2026-11-01T12:00:00",
+            "",
+            5,
+        ]
+    ),
+    "journal_seq": st.sampled_from([1, 2, 0, -1, 1.5, "1", True, None, 10**19]),
+    "event_id": st.sampled_from(
+        [str(uuid.uuid4()), str(uuid.uuid4()).upper(), "not-a-uuid", "", 7, None]
+    ),
+    "event_type": st.sampled_from(["x.y", "", 3, None]),
+    "hash": st.sampled_from([B32, B32[:-1], B32 + "\n", "", "@@@@", None, B32[:-4] + "AAA="]),
+    "prev_hash": st.sampled_from([B32, base64.b64encode(bytes(31)).decode(), "", None]),
+    "sig": st.sampled_from([base64.b64encode(bytes(64)).decode(), B32, "", None]),
+    "signed_bytes": st.sampled_from(["e30=", "", "e30", "e3==", None, "AAAA"]),
+    "payload": st.sampled_from(['{"a":1}', "{nope", "", "[]", '"x"', 1, None]),
+    "principal": st.sampled_from(["agent:x", "", None, 1]),
+    "api_key_id": st.sampled_from(["KEY", "unknown-key", "", None, "OTHER"]),
+    "artifact_id": st.sampled_from([str(uuid.uuid4()), "ABC", None, 1]),
+    "version": st.sampled_from([1, 7, 0, -3, 2.0, "1", True, None]),
+    "workarea_id": st.sampled_from([str(uuid.uuid4()), "x", None]),
+    "simulation_id": st.sampled_from([str(uuid.uuid4()), "", None]),
+    "provenance": st.sampled_from(["agent", "simulation", "robot", "", None, 1]),
+    "extra_field": st.sampled_from(["x", None]),
+    "tenant_id": st.sampled_from(["OWN", "OTHER"]),
+}
+DROP = object()
+
+
+def _values(strategy) -> list:
+    return list(strategy.elements)
+
+
+@st.composite
+def payload_edits(draw) -> dict:
+    names = draw(st.lists(st.sampled_from(sorted(MUTATIONS)), max_size=3, unique=True))
+    chosen = {}
+    for name in names:
+        chosen[name] = (
+            DROP if draw(st.booleans()) and name != "tenant_id" else draw(MUTATIONS[name])
+        )
+    return chosen
+
+
+def _state(tenant_id: str, keys: dict[str, str]) -> TenantState:
+    return TenantState(
+        tenant_id=tenant_id,
+        bronze=AppendWork(txn=0),
+        silver=KeyedWork(SILVER_CLAIMS, 0),
+        lineage=KeyedWork(GOLD_LINEAGE, 0),
+        areas=KeyedWork(GOLD_AREAS, 0),
+        curated={},
+        bodies={},
+        api_keys=keys,
+    )
+
+
+def _catalog_verdict(seq, journal_seq, payload, state: TenantState):
+    try:
+        op = catalog.parse(seq, journal_seq, state.tenant_id, "journal.event", payload)
+        catalog.check(op, state)
+    except RefusedOp:
+        return None
+    return op
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(batch=st.lists(payload_edits(), min_size=1, max_size=25))
+# Every mutation on its own, whatever the search draws.
+@example(batch=[{name: value} for name, values in MUTATIONS.items() for value in _values(values)])
+@example(batch=[{name: DROP} for name in MUTATIONS if name != "tenant_id"])
+def test_every_event_the_sql_clears_the_catalog_accepts_with_the_same_values(conn, batch):
+    keys = producer.create_tenant(conn)
+    other = producer.create_tenant(conn)
+    api_keys = {keys.api_key_id: keys.tenant_id, other.api_key_id: other.tenant_id}
+    rows = []
+    for journal_seq, chosen in enumerate(batch, start=1):
+        event = producer.Event("x.y", {"a": journal_seq}, artifact_id=str(uuid.uuid4()), version=1)
+        payload, _ = producer.journal_entry(
+            keys,
+            keys.tenant_id,
+            journal_seq,
+            bytes(32),
+            event,
+            dt.datetime.now(dt.UTC),
+            str(uuid.uuid4()),
+        )
+        for name, value in chosen.items():
+            if value is DROP:
+                payload.pop(name, None)
+            elif name == "api_key_id":
+                payload[name] = {"KEY": keys.api_key_id, "OTHER": other.api_key_id}.get(
+                    value, value
+                )
+            elif name == "tenant_id":
+                payload[name] = keys.tenant_id if value == "OWN" else other.tenant_id
+            elif value is not None or name != "extra_field":
+                payload[name] = value
+        rows.append((keys.tenant_id, journal_seq, "journal.event", json.dumps(payload)))
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload) VALUES (%s, %s, %s, %s)",
+            rows,
+        )
+    sequencer.sequence(conn)
+    with Fetcher(conn) as fetcher:
+        columns = fetcher.fetch(keys.tenant_id, 0, 1000, 2**30).columns
+    assert columns.num_rows == len(rows)
+    assert all(
+        (text is None) == ok
+        for ok, text in zip(
+            columns["event_ok"].to_pylist(), columns["payload_json"].to_pylist(), strict=True
+        )
+    ), "every row the SQL does not clear reaches the catalog with its whole payload"
+    cleared = cleared_events(
+        columns, bronze_txn=0, skip=set(), held_journal_seqs=set(), catalog_journal_seqs=[]
+    )
+    for row in cleared.rows.to_pylist():
+        payload = json.loads(rows[row["journal_seq"] - 1][3])
+        state = _state(keys.tenant_id, api_keys)
+        op = _catalog_verdict(row["outbox_seq"], row["journal_seq"], payload, state)
+        assert op is not None, ("the columns cleared what the catalog refuses", payload)
+        catalog.apply(op, state)
+        assert state.bronze.output(0).to_pylist() == [row], payload
+
+
+def test_canonical_events_are_cleared(conn):
+    """The producers' canonical events all take the columnar path (else it would be useless)."""
+    keys = producer.create_tenant(conn)
+    for i in range(5):
+        producer.commit_act(conn, keys, producer.Event("x.y", {"i": i}), [])
+    sequencer.sequence(conn)
+    with Fetcher(conn) as fetcher:
+        batch = fetcher.fetch(keys.tenant_id, 0, 100, 2**30)
+    assert batch.columns["event_ok"].to_pylist() == [True] * 5
+    assert not batch.more
