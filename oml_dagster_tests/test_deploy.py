@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -313,3 +315,56 @@ def test_deploy_files_hold_no_credentials():
     walk(helm(), "values")
     (deployment,) = helm()["dagster-user-deployments"]["deployments"]
     assert not [e for e in deployment["env"] if e["name"].startswith("AWS_") and "KEY" in e["name"]]
+
+
+# --- the compose commands, run here without containers -----------------------------------------
+
+
+@pytest.mark.slow
+def test_the_compose_code_server_serves_the_location_the_workspace_names(tmp_path):
+    """The `code` service's own command (on a free loopback port instead of 0.0.0.0:4000) serves
+    the code location; the chart's health check answers; and the workspace the webserver and the
+    daemon load, pointed at it, lists the location's jobs."""
+    import os
+    import subprocess
+    import time
+
+    from oml_dagster_tests.dagster_support import free_port
+
+    bin_dir = Path(sys.executable).parent
+    port = free_port()
+    command = list(compose()["services"]["code"]["command"])
+    command[command.index("--port") + 1] = str(port)
+    command[command.index("--host") + 1] = "127.0.0.1"
+    command[0] = str(bin_dir / command[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_")}
+    server = subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        health = [str(bin_dir / "dagster"), "api", "grpc-health-check", "-p", str(port)]
+        deadline = time.monotonic() + 90
+        while subprocess.run(health, env=env, capture_output=True).returncode != 0:
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the code server did not become healthy"
+            time.sleep(0.5)
+        workspace = yaml.safe_load((DOCKER / "workspace.yaml").read_text())
+        workspace["load_from"][0]["grpc_server"].update(host="127.0.0.1", port=port)
+        (tmp_path / "workspace.yaml").write_text(yaml.safe_dump(workspace))
+        listed = subprocess.run(
+            [str(bin_dir / "dagster"), "job", "list", "-w", str(tmp_path / "workspace.yaml")],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        assert "Job: lake_writer_job" in listed.stdout, listed.stdout
+    finally:
+        server.terminate()
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(15)

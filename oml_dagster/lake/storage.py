@@ -36,8 +36,8 @@ _ENV_OPTIONS = (
     "AWS_ENDPOINT_URL",
     "AWS_ALLOW_HTTP",
 )
-# Where the conditional-put probe writes its scratch table, under the lake root (no tenant id
-# can look like it: tenant ids are UUIDs).
+# Where the conditional-put probe writes (and deletes) its scratch key, under the lake root: no
+# tenant prefix can look like it (tenant ids are UUIDs).
 PROBE_PREFIX = "_oml_probe"
 _ENDPOINT_OPTIONS = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
 _CONDITIONAL_PUT_OPTIONS = ("aws_conditional_put", "conditional_put")
