@@ -240,27 +240,61 @@ def _mebibytes(quantity: str) -> int:
     return int(number) * (1024 if unit == "Gi" else 1)
 
 
-def test_helm_run_limits_are_dagster_yamls_global_cap_and_per_tenant_lease():
+def helm_instance_yaml() -> dict:
+    """The run-coordinator, monitoring and retry part of the dagster.yaml the chart renders from
+    these values, by the key mapping of the chart's instance templates (camelCase value ->
+    snake_case instance key), on the repository's storage. Not a `helm template` render."""
     values = helm()
+    daemon = values["dagsterDaemon"]
+    queued = daemon["runCoordinator"]["config"]["queuedRunCoordinator"]
+    monitoring = daemon["runMonitoring"]
     instance = yaml.safe_load((REPO / "dagster.yaml").read_text())
-    runs = values["concurrency"]["runs"]
-    assert runs["maxConcurrentRuns"] == instance["concurrency"]["runs"]["max_concurrent_runs"]
-    lease = {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
-    assert runs["tagConcurrencyLimits"] == [lease]
-    assert instance["concurrency"]["runs"]["tag_concurrency_limits"] == [lease]
+    return {
+        "storage": instance["storage"],
+        "run_coordinator": {
+            "module": "dagster.core.run_coordinator",
+            "class": daemon["runCoordinator"]["type"],
+            "config": {
+                "max_concurrent_runs": queued["maxConcurrentRuns"],
+                "tag_concurrency_limits": queued["tagConcurrencyLimits"],
+                "dequeue_interval_seconds": queued["dequeueIntervalSeconds"],
+                "dequeue_use_threads": queued["dequeueUseThreads"],
+                "dequeue_num_workers": queued["dequeueNumWorkers"],
+            },
+        },
+        "run_monitoring": {
+            "enabled": monitoring["enabled"],
+            "start_timeout_seconds": monitoring["startTimeoutSeconds"],
+            "cancel_timeout_seconds": monitoring["cancelTimeoutSeconds"],
+            "poll_interval_seconds": monitoring["pollIntervalSeconds"],
+            "free_slots_after_run_end_seconds": monitoring["freeSlotsAfterRunEndSeconds"],
+        },
+        "run_retries": {
+            "enabled": daemon["runRetries"]["enabled"],
+            "max_retries": daemon["runRetries"]["maxRetries"],
+        },
+        "telemetry": {"enabled": values["telemetry"]["enabled"]},
+    }
+
+
+def test_helm_run_limits_sit_where_the_chart_reads_them_and_nowhere_else():
+    values = helm()
     coordinator = values["dagsterDaemon"]["runCoordinator"]
     assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
-    queued = coordinator["config"]["queuedRunCoordinator"]
-    # The chart refuses limits in both places; they live under `concurrency`.
-    assert "maxConcurrentRuns" not in queued and "tagConcurrencyLimits" not in queued
+    # The chart fails when the same limits are also under `concurrency.runs`.
+    runs = values.get("concurrency", {}).get("runs", {})
+    assert "maxConcurrentRuns" not in runs and not runs.get("tagConcurrencyLimits")
 
 
 # --- dagster.yaml ------------------------------------------------------------------------------
 
 
-def test_the_images_dagster_yaml_loads_in_a_postgres_backed_instance(dsn, tmp_path, monkeypatch):
+@pytest.mark.parametrize("variant", ["image", "helm"])
+def test_each_dagster_yaml_loads_with_the_cap_and_the_lease(variant, dsn, tmp_path, monkeypatch):
     """The dagster.yaml the image copies into DAGSTER_HOME (the repository's own; the compose
-    services give it DAGSTER_PG_*), loaded against a real PostgreSQL database."""
+    services give it DAGSTER_PG_*), and the chart's run-coordinator settings from the Helm values
+    (`helm_instance_yaml`), each loaded in a Dagster instance on a real PostgreSQL database:
+    the same global cap and per-tenant lease read back from both."""
     import psycopg
     from dagster import DagsterInstance
     from dagster._core.run_coordinator import QueuedRunCoordinator
@@ -276,12 +310,16 @@ def test_the_images_dagster_yaml_loads_in_a_postgres_backed_instance(dsn, tmp_pa
     monkeypatch.setenv("DAGSTER_PG_DB", info["dbname"])
     home = tmp_path / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    if variant == "image":
+        (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    else:
+        (home / "dagster.yaml").write_text(yaml.safe_dump(helm_instance_yaml()))
     with DagsterInstance.from_config(str(home)) as instance:
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
         limits = instance.get_concurrency_config().run_queue_config
-        assert limits.max_concurrent_runs == 8
+        root = yaml.safe_load((REPO / "dagster.yaml").read_text())["concurrency"]["runs"]
+        assert limits.max_concurrent_runs == root["max_concurrent_runs"]
         assert limits.tag_concurrency_limits == [
             {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
         ]
