@@ -210,8 +210,8 @@ def test_helm_env_is_what_the_code_reads_and_secrets_stay_with_the_code_location
     assert env["OML_LAKE_URI"].startswith("s3://")
     secrets = {s["name"] for s in deployment["envSecrets"]}
     assert {"oml-lake-postgres", "oml-lake-store"} <= secrets
-    # The lake's secrets are not given to the webserver, the daemon or every run launcher pod
-    # besides the code location's own runs.
+    # The webserver and the daemon never get the lake's secrets, and the launcher adds none to
+    # run pods: those inherit them from the code location (includeConfigInLaunchedRuns).
     for component in ("dagsterWebserver", "dagsterDaemon"):
         held = {s.get("name") for s in values[component].get("envSecrets", [])}
         assert not held & secrets, component
