@@ -178,3 +178,14 @@ def instance():
 
     with instance_for_test() as dagster_instance:
         yield dagster_instance
+
+
+@pytest.fixture
+def s3_env_lake(s3_lake, monkeypatch) -> Lake:
+    """`s3_lake`, also configured through the environment (OML_LAKE_URI and the AWS_* variables)
+    the way a deployment configures it: `Lake.from_env()`, the Dagster resources, `oml-lake`
+    subprocesses and a bare `Lake(uri)` (delta-rs reads the AWS_* variables) all reach it."""
+    for key, value in s3_lake.storage_options.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OML_LAKE_URI", s3_lake.root)
+    return s3_lake

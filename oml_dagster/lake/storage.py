@@ -1,14 +1,20 @@
 """Where the lake lives (DESIGN §5): the root URI, storage options, the per-tenant layout, and
-reading tables. Object stores without conditional put are refused."""
+reading tables. Object stores without conditional put are refused: by the options that turn it
+off, and by a probe of the store itself before the first table is opened (decision 0017)."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import uuid
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+import botocore.session
 import pyarrow as pa
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
@@ -30,6 +36,11 @@ _ENV_OPTIONS = (
     "AWS_ENDPOINT_URL",
     "AWS_ALLOW_HTTP",
 )
+# Where the conditional-put probe writes (and deletes) its scratch key, under the lake root: no
+# tenant prefix can look like it (tenant ids are UUIDs).
+PROBE_PREFIX = "_oml_probe"
+_ENDPOINT_OPTIONS = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
+_CONDITIONAL_PUT_OPTIONS = ("aws_conditional_put", "conditional_put")
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,20 @@ class Lake:
                     f"storage option {key}={value} commits without conditional put; "
                     "an object store without put-if-absent is not a supported lake target"
                 )
+        self.require_conditional_put()
         return self
+
+    def require_conditional_put(self) -> None:
+        """Refuse an object store that ignores `If-None-Match` (it would let two writers both
+        commit the same log version). Probed once per store and process; local lakes need none."""
+        if not self.is_local:
+            _require_conditional_put(self)
+
+    @property
+    def store(self) -> str:
+        """The object store the lake lives in, as named in errors: endpoint and bucket."""
+        endpoint = _option(self, _ENDPOINT_OPTIONS, "AWS_ENDPOINT_URL") or "aws"
+        return f"{endpoint} bucket {urlparse(self.root).netloc}"
 
     @property
     def is_local(self) -> bool:
@@ -88,13 +112,106 @@ class Lake:
 
     def open(self, uri: str, version: int | None = None) -> DeltaTable | None:
         """The table at `uri` (latest, or `version`), or None when there is no table there. A
-        `version` the log no longer holds raises: that is not the same as no table."""
+        `version` the log no longer holds raises: that is not the same as no table. The first
+        open of an object-store table probes the store for conditional put."""
+        self.require_conditional_put()
         try:
             return DeltaTable(uri, version=version, storage_options=self.storage_options or None)
         except TableNotFoundError:
             if version is not None:
                 raise
             return None
+
+
+def _option(lake: Lake, names: tuple[str, ...], env: str) -> str | None:
+    """A storage option by any of its names (case-insensitive), else the environment variable
+    delta-rs itself would fall back to."""
+    for key, value in lake.storage_options.items():
+        if key.lower() in names:
+            return str(value)
+    return os.environ.get(env) or None
+
+
+# Store -> the refusal (None: conditional put honoured). A verdict is kept for the process.
+_verdicts: dict[tuple[str, str, str], str | None] = {}
+_verdicts_lock = threading.Lock()
+
+
+def _store_key(lake: Lake) -> tuple[str, str, str]:
+    endpoint = _option(lake, _ENDPOINT_OPTIONS, "AWS_ENDPOINT_URL") or "aws"
+    mode = _option(lake, _CONDITIONAL_PUT_OPTIONS, "AWS_CONDITIONAL_PUT") or "default"
+    return (endpoint.rstrip("/"), urlparse(lake.root).netloc, mode.lower())
+
+
+def _require_conditional_put(lake: Lake) -> None:
+    key = _store_key(lake)
+    with _verdicts_lock:
+        if key not in _verdicts:
+            _verdicts[key] = probe_conditional_put(lake)
+        refusal = _verdicts[key]
+    if refusal is not None:
+        raise UnsupportedObjectStore(refusal)
+
+
+def probe_conditional_put(lake: Lake) -> str | None:
+    """Put-if-absent twice on a scratch key under `<root>/_oml_probe/`: the second PUT with
+    `If-None-Match: *` must fail with 412. When it succeeds the store ignored the header, and the
+    returned refusal names the store. Errors reaching the store (credentials, missing bucket)
+    propagate and are not a verdict. The requests are signed by botocore, from the same storage
+    options and environment delta-rs commits with (delta-rs does not expose its object store)."""
+    parsed = urlparse(lake.root)
+    key = f"{parsed.path.strip('/')}/{PROBE_PREFIX}/{uuid.uuid4().hex}".lstrip("/")
+    bucket = parsed.netloc
+    client = _s3_client(lake)
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=b"first", IfNoneMatch="*")
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=b"second", IfNoneMatch="*")
+        except ClientError as error:
+            if error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 412:
+                raise
+            return None
+        finally:
+            client.delete_object(Bucket=bucket, Key=key)
+    except (ClientError, BotoCoreError) as error:
+        raise OSError(
+            f"cannot probe object store {lake.store} (lake {lake.root}) for conditional put: "
+            f"{error}"
+        ) from error
+    return (
+        f"object store {lake.store} (lake {lake.root}) ignores If-None-Match: a second "
+        f"put-if-absent of {key} succeeded, so two writers could both commit one log version; "
+        "the lake needs an object store that honours conditional put (AWS S3, or a MinIO "
+        "release that does: deploy/README.md)"
+    )
+
+
+def _s3_client(lake: Lake):
+    """A botocore S3 client configured like delta-rs: options first, then the environment and
+    the default credential chain; path-style addressing for an explicit endpoint."""
+    endpoint = _option(lake, _ENDPOINT_OPTIONS, "AWS_ENDPOINT_URL")
+    region = _option(lake, ("aws_region", "region", "aws_default_region"), "AWS_REGION")
+    config = Config(
+        region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        s3={"addressing_style": "path"} if endpoint else {},
+        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=30,
+    )
+    return botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=_option(
+            lake, ("aws_access_key_id", "access_key_id"), "AWS_ACCESS_KEY_ID"
+        ),
+        aws_secret_access_key=_option(
+            lake, ("aws_secret_access_key", "secret_access_key"), "AWS_SECRET_ACCESS_KEY"
+        ),
+        aws_session_token=_option(
+            lake, ("aws_session_token", "aws_token", "session_token", "token"), "AWS_SESSION_TOKEN"
+        ),
+        config=config,
+    )
 
 
 def read_rows(table: DeltaTable, spec: TableSpec, where: str | None = None) -> list[dict]:
