@@ -1,89 +1,151 @@
-"""Drain throughput and memory: `oml-lake simulate` writes a seeded workload (every op, with
-injected bad input) into a fresh database; then `drain --until-idle` into a fresh local lake is
-timed.
+"""Drain throughput and memory on a simulated workload: `oml-lake simulate` writes a seeded
+workload (every op, with injected bad input) into a fresh database; then `oml-lake drain
+--until-idle` drains it into a fresh local lake, as its own process, once per batch cap given.
+For each run: ops/s, the dead letters (they must be exactly the injected bad ops), the peak RSS
+of the drain process, and its RSS sampled over time.
 
-    .venv/bin/python bench/drain_bench.py --tenants 10 --claims 2000 --max-batch 1000
+    .venv/bin/python bench/drain_bench.py --tenants 20 --claims 8300 --max-batch 50000
+    .venv/bin/python bench/drain_bench.py --tenants 10 --claims 2000 --max-batch 1000 5000 50000 \\
+        --plot bench/plots/rate_vs_batch.png
 
-Prints ops/s, batches, the median and worst batch time and peak RSS; results are kept in
-bench/RESULTS.md with the machine and date."""
+`--baseline-max-batch N` adds the same drain with the per-op writer's default batch (5,000) for
+a same-run comparison when the cap differs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import resource
-import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
-import uuid
 
 import psycopg
 
-from oml_dagster.lake import db
-from oml_dagster.lake.drain import drain
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.writer import WriterConfig
-from oml_dagster.simulate import producer
 from oml_dagster.simulate.runner import RunConfig, run
 from oml_dagster.simulate.workload import WorkloadConfig
 
-ADMIN = os.environ.get("OML_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+try:
+    from bench._support import fresh_database, machine
+except ImportError:  # run as a script
+    from _support import fresh_database, machine
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def drain_once(dsn: str, max_batch: int) -> dict:
+    """Drain everything into a fresh lake in a child process; verdicts are reset first."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE oml.lake_dead_letter, oml.lake_verdicts, oml.lake_frontier")
+        ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": os.path.join(tmp, "oml-lake")}
+        cmd = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"]
+        cmd += ["--max-batch", str(max_batch)]
+        samples: list[tuple[float, float]] = []
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+
+        def sample() -> None:
+            while proc.poll() is None:
+                samples.append((time.perf_counter() - started, _rss_mib(proc.pid)))
+                time.sleep(0.25)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        rc = proc.wait()
+        elapsed = time.perf_counter() - started
+        sampler.join()
+        if rc != 0:
+            raise SystemExit(f"drain exited {rc}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        refused = conn.execute("SELECT count(*) FROM oml.lake_dead_letter").fetchone()[0]
+        injected = conn.execute(
+            "SELECT count(*) FROM oml.outbox WHERE payload ? 'sim_fault'"
+        ).fetchone()[0]
+    return {
+        "max_batch": max_batch,
+        "ops": ops,
+        "seconds": round(elapsed, 2),
+        "ops_per_s": round(ops / elapsed),
+        "dead_letters": refused,
+        "injected_faults": injected,
+        "peak_rss_mib": round(max((r for _, r in samples), default=0.0)),
+        "rss": samples,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--claims", type=int, default=2000)
-    parser.add_argument("--max-batch", type=int, default=5000)
+    parser.add_argument("--max-batch", type=int, nargs="+", default=[50_000])
     parser.add_argument("--bad-ratio", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--plot", help="PNG: rate vs batch cap (several caps) or RSS over time")
+    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
 
-    name = f"oml_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    info = psycopg.conninfo.conninfo_to_dict(ADMIN)
-    info["dbname"] = name
-    dsn = psycopg.conninfo.make_conninfo(**info)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn, tempfile.TemporaryDirectory() as tmp:
-            db.upgrade(conn)
-            producer.ensure_schema(conn)
-            started = time.perf_counter()
-            workload = WorkloadConfig(args.tenants, args.claims, args.seed, args.bad_ratio)
-            run(dsn, workload, RunConfig(writers=2))
-            ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
-            written = time.perf_counter() - started
+    with fresh_database() as dsn:
+        started = time.perf_counter()
+        workload = WorkloadConfig(args.tenants, args.claims, args.seed, args.bad_ratio)
+        run(dsn, workload, RunConfig(writers=2))
+        written = time.perf_counter() - started
+        results = [drain_once(dsn, cap) for cap in args.max_batch]
 
-            lake = Lake(os.path.join(tmp, "oml-lake"))
-            times: list[float] = []
-            last = [time.perf_counter()]
+    print(machine())
+    print(
+        f"workload: {args.tenants} tenants x {args.claims} claims = {results[0]['ops']:,} outbox "
+        f"rows (simulate, seed {args.seed}, bad ratio {args.bad_ratio}), written in {written:.1f}s"
+    )
+    for r in results:
+        print(
+            f"drain max-batch {r['max_batch']:>6}: {r['seconds']:7.1f} s, {r['ops_per_s']:>7,} ops/s,"
+            f" {r['dead_letters']} dead letters ({r['injected_faults']} injected faults),"
+            f" peak RSS {r['peak_rss_mib']} MiB"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "results": results}, f)
+    if args.plot:
+        plot(results, args.plot)
 
-            def on_pass(current) -> None:
-                now = time.perf_counter()
-                if current.batches:
-                    times.append((now - last[0]) / len(current.batches))
-                last[0] = now
 
-            config = WriterConfig(max_batch=args.max_batch, txn_lag_limit=args.max_batch // 2)
-            started = time.perf_counter()
-            passes = drain(conn, lake, until_idle=True, config=config, on_pass=on_pass)
-            drained = time.perf_counter() - started
-            batches = sum(len(p.batches) for p in passes)
-            refused = conn.execute("SELECT count(*) FROM oml.lake_dead_letter").fetchone()[0]
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(
-                f"workload: {args.tenants} tenants x {args.claims} claims = {ops} outbox rows"
-                f" (simulate, seed {args.seed}, bad ratio {args.bad_ratio}), written in {written:.1f}s"
-            )
-            print(
-                f"drain: {drained:.1f}s, {ops / drained:,.0f} ops/s, {batches} batches, {refused} dead letters"
-            )
-            print(f"batch time: median {statistics.median(times):.3f}s, worst {max(times):.3f}s")
-            print(f"peak RSS: {rss:.0f} MiB")
-    finally:
-        with psycopg.connect(ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(results) > 1:
+        ax.plot([r["max_batch"] for r in results], [r["ops_per_s"] for r in results], "o-")
+        ax.set_xscale("log")
+        ax.set_xlabel("batch cap (ops)")
+        ax.set_ylabel("drain rate (ops/s)")
+        ax.set_title(f"drain rate vs batch cap, {results[0]['ops']:,} simulated ops")
+    else:
+        (r,) = results
+        ax.plot([t for t, _ in r["rss"]], [m for _, m in r["rss"]])
+        ax.set_xlabel("seconds since the drain started")
+        ax.set_ylabel("RSS (MiB)")
+        ax.set_title(f"drain RSS, {r['ops']:,} ops, batch cap {r['max_batch']:,}")
+    ax.grid(True, alpha=0.3)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from oml_dagster.lake import catalog, sequencer
-from oml_dagster.lake.bronze import cleared_events
+from oml_dagster.lake.bronze import checked_events, cleared_events
 from oml_dagster.lake.errors import RefusedOp
 from oml_dagster.lake.fetch import Fetcher
 from oml_dagster.lake.state import AppendWork, KeyedWork, TenantState
@@ -155,14 +155,18 @@ def test_every_event_the_sql_clears_the_catalog_accepts_with_the_same_values(con
     with Fetcher(conn) as fetcher:
         columns = fetcher.fetch(keys.tenant_id, 0, 1000, 2**30).columns
     assert columns.num_rows == len(rows)
+    texts = columns["payload_json"].to_pylist()
     assert all(
-        (text is None) == ok
-        for ok, text in zip(
-            columns["event_ok"].to_pylist(), columns["payload_json"].to_pylist(), strict=True
-        )
-    ), "every row the SQL does not clear reaches the catalog with its whole payload"
+        (text is None) == shaped
+        for shaped, text in zip(columns["event_object"].to_pylist(), texts, strict=True)
+    ), "a row the fetch did not take apart carries its whole payload"
     cleared = cleared_events(
-        columns, bronze_txn=0, skip=set(), held_journal_seqs=set(), catalog_journal_seqs=[]
+        columns,
+        checked_events(columns),
+        bronze_txn=0,
+        refused=set(),
+        held_journal_seqs=set(),
+        catalog_journal_seqs=[],
     )
     for row in cleared.rows.to_pylist():
         payload = json.loads(rows[row["journal_seq"] - 1][3])
@@ -181,5 +185,5 @@ def test_canonical_events_are_cleared(conn):
     sequencer.sequence(conn)
     with Fetcher(conn) as fetcher:
         batch = fetcher.fetch(keys.tenant_id, 0, 100, 2**30)
-    assert batch.columns["event_ok"].to_pylist() == [True] * 5
+    assert checked_events(batch.columns)[0].to_pylist() == [True] * 5
     assert not batch.more

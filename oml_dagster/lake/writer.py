@@ -41,7 +41,7 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from . import catalog, deadletter
-from .bronze import cleared_events
+from .bronze import checked_events, cleared_events
 from .catalog import Op
 from .errors import (
     ConflictingCommit,
@@ -462,50 +462,31 @@ def _drain_batch(
         )
     recorded = deadletter.refused_seqs(conn, tenant_id, base, min(decided, batch_end))
 
-    # The per-op path: every op the fetch did not clear as a bronze row.
+    # The catalog folds every op but the events the columnar checks clear.
     columns = batch.columns
-    folded = columns.filter(pc.invert(columns["event_ok"])).select(
-        ["seq", "journal_seq", "op", "payload_json", "origin_journal_seq"]
-    )
-    rows = [
-        (seq, journal_seq, name, orjson.loads(text), origin)
-        for seq, journal_seq, name, text, origin in zip(
-            *(folded[c].to_pylist() for c in folded.column_names), strict=True
-        )
-    ]
-    ops = _parse(tenant_id, rows)
+    checked = checked_events(columns)
+    ops, rows = _catalog_ops(conn, tenant_id, columns.filter(pc.invert(checked[0])))
     catalog_events = [
         op.args["journal_seq"] for _, op in ops if isinstance(op, Op) and op.name == "journal.event"
     ]
     bronze = handles[BRONZE_EVENTS.name]
-    cleared_journal_seqs = pc.filter(columns["event_journal_seq"], columns["event_ok"])
-    held = _held_events(bronze.table, [*catalog_events, *cleared_journal_seqs.to_pylist()])
+    cleared_seqs = pc.cast(pc.filter(columns["f_journal_seq"], checked[0]), pa.int64())
+    held = _held_events(bronze.table, [*catalog_events, *cleared_seqs.to_pylist()])
     cleared = cleared_events(
         columns,
+        checked,
         bronze_txn=bronze.txn,
-        skip={seq for seq in recorded if seq <= decided},
+        refused={seq for seq in recorded if seq <= decided},
         held_journal_seqs=set(held),
         catalog_journal_seqs=catalog_events,
     )
-    if cleared.to_catalog:
-        payloads = _payloads(conn, cleared.to_catalog)
-        meta = dict(
-            zip(
-                columns["seq"].to_pylist(),
-                zip(
-                    columns["journal_seq"].to_pylist(),
-                    columns["origin_journal_seq"].to_pylist(),
-                    strict=True,
-                ),
-                strict=True,
-            )
-        )
-        extra = [
-            (seq, meta[seq][0], "journal.event", payloads[seq], meta[seq][1])
-            for seq in cleared.to_catalog
-        ]
-        rows = sorted([*rows, *extra], key=lambda row: row[0])
-        ops = sorted([*ops, *_parse(tenant_id, extra)], key=lambda pair: pair[0])
+    # Cleared events the batch's order decides after all (replays, conflicts, bad JSON text).
+    back = pc.is_in(columns["seq"], pa.array(sorted(cleared.cleared | cleared.done), pa.int64()))
+    back = pc.and_(checked[0], pc.invert(back))
+    if pc.any(back).as_py():
+        more_ops, more_rows = _catalog_ops(conn, tenant_id, columns.filter(back))
+        ops = sorted([*ops, *more_ops], key=lambda pair: pair[0])
+        rows = sorted([*rows, *more_rows], key=lambda row: row[0])
     result.ops_folded = len(ops)
     parsed = [op for _, op in ops if isinstance(op, Op)]
 
@@ -552,6 +533,29 @@ def _drain_batch(
     commit(handles[GOLD_AREAS.name], state.areas.output)
     _update_frontier(conn, tenant_id, handles, batch_end)
     return result
+
+
+def _catalog_ops(
+    conn: psycopg.Connection, tenant_id: str, fetched: pa.Table
+) -> tuple[list[tuple[int, Op | RefusedOp]], list[tuple]]:
+    """The fetched rows parsed for the catalog, with the rows themselves (seq, journal_seq, op,
+    payload, origin). Event payloads the fetch took apart are read again as a whole."""
+    seqs = fetched["seq"].to_pylist()
+    texts = fetched["payload_json"].to_pylist()
+    missing = [seq for seq, text in zip(seqs, texts, strict=True) if text is None]
+    whole = _payloads(conn, missing) if missing else {}
+    rows = [
+        (seq, journal_seq, name, orjson.loads(text) if text is not None else whole[seq], origin)
+        for seq, journal_seq, name, text, origin in zip(
+            seqs,
+            fetched["journal_seq"].to_pylist(),
+            fetched["op"].to_pylist(),
+            texts,
+            fetched["origin_journal_seq"].to_pylist(),
+            strict=True,
+        )
+    ]
+    return _parse(tenant_id, rows), rows
 
 
 def _parse(tenant_id: str, rows: list[tuple]) -> list[tuple[int, Op | RefusedOp]]:
