@@ -30,6 +30,17 @@ def _dsn_for(database: str) -> str:
     return psycopg.conninfo.make_conninfo(**info)
 
 
+@pytest.fixture(autouse=True)
+def _defs_state_storage_scoped_to_the_test() -> Iterator[None]:
+    """Dagster keeps the current defs-state storage in a ContextVar that entering an instance sets;
+    an evaluation context that builds an instance from a ref and is never exited leaves it set, and
+    the next test that loads a repository then hits the dead instance's weakref. Scope it here."""
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    with set_defs_state_storage(None):
+        yield
+
+
 @pytest.fixture(scope="session")
 def template_db():
     name = f"oml_tmpl_{uuid.uuid4().hex[:10]}"

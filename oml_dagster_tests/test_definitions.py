@@ -167,15 +167,15 @@ def test_sensors_and_schedules_are_pinned(repo):
 def test_analytics_schedule_requests_one_run_per_tenant(repo):
     schedule = repo.get_schedule_def("daily_analytics_schedule")
     with instance_for_test() as instance:
-        context = build_schedule_context(
+        with build_schedule_context(
             instance=instance, repository_def=repo, scheduled_execution_time=TICK
-        )
-        assert schedule.evaluate_tick(context).skip_message
+        ) as context:
+            assert schedule.evaluate_tick(context).skip_message
         instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, ["t1", "t2"])
-        context = build_schedule_context(
+        with build_schedule_context(
             instance=instance, repository_def=repo, scheduled_execution_time=TICK
-        )
-        requests = schedule.evaluate_tick(context).run_requests
+        ) as context:
+            requests = schedule.evaluate_tick(context).run_requests
     assert sorted(r.partition_key for r in requests) == ["t1", "t2"]
     assert len({r.run_key for r in requests}) == 2
 
@@ -209,15 +209,15 @@ def test_automation_settings_come_from_the_environment():
 def test_reconcile_schedule_requests_checks_only_per_tenant(defs, repo):
     schedule = repo.get_schedule_def("reconcile_schedule")
     with instance_for_test() as instance:
-        context = build_schedule_context(
+        with build_schedule_context(
             instance=instance, repository_def=repo, scheduled_execution_time=TICK
-        )
-        assert schedule.evaluate_tick(context).skip_message
+        ) as context:
+            assert schedule.evaluate_tick(context).skip_message
         instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, ["t1", "t2"])
-        context = build_schedule_context(
+        with build_schedule_context(
             instance=instance, repository_def=repo, scheduled_execution_time=TICK
-        )
-        requests = schedule.evaluate_tick(context).run_requests
+        ) as context:
+            requests = schedule.evaluate_tick(context).run_requests
     assert sorted(r.partition_key for r in requests) == ["t1", "t2"]
     for request in requests:
         assert list(request.asset_selection) == [key("reconciler/erasure_evidence")]

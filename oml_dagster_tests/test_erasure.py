@@ -212,18 +212,22 @@ def test_erasure_evidence_fails_until_vacuum_then_holds(conn, lake):
 
     acts.erase(conn, keys, made[0])
     drain_all(conn, lake)
-    just_erased = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    # The evidence is judged at pinned instants, so a slow machine cannot age the copies past
+    # their deadline between the drain and the check (the copies were superseded before this).
+    drained_at = dt.datetime.now(dt.UTC)
+    just_erased = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=drained_at)
     assert just_erased.ok, "superseded copies younger than bound + cadence are within the SLO"
     silver = next(t for t in just_erased.tables if t.table == SILVER_CLAIMS.name)
     assert silver.erased_rows == 1 and silver.erased_rows_with_body == 0
     assert silver.unreferenced_files >= 1
 
-    time.sleep((BOUND + CADENCE).total_seconds() + 0.5)
-    overdue = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
+    past_deadline = drained_at + BOUND + CADENCE + dt.timedelta(seconds=0.5)
+    overdue = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=past_deadline)
     assert not overdue.ok
     assert any("silver.claims" in f and "unreferenced data files" in f for f in overdue.findings())
     assert any(f"gold.curated/{tree.a}" in f for f in overdue.findings())
 
+    wait_out(BOUND, drained_at.timestamp())  # VACUUM keeps what was removed within the bound
     maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
     after = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
     assert after.ok, after.findings()

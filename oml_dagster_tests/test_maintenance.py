@@ -375,23 +375,24 @@ def test_maintain_command_prints_what_it_rewrote_removed_and_kept(conn, lake, te
 
 def test_schedules_request_one_run_per_tenant_partition():
     tick = dt.datetime(2026, 3, 1, 4, tzinfo=dt.UTC)
-    repository = Definitions(
-        jobs=maintenance_defs.MAINTENANCE_JOBS,
-        schedules=maintenance_defs.MAINTENANCE_SCHEDULES,
-        resources={"postgres": PostgresResource(), "lake": LakeResource()},
-    ).get_repository_def()
     with instance_for_test() as instance:
+        repository = Definitions(
+            jobs=maintenance_defs.MAINTENANCE_JOBS,
+            schedules=maintenance_defs.MAINTENANCE_SCHEDULES,
+            resources={"postgres": PostgresResource(), "lake": LakeResource()},
+        ).get_repository_def()
 
-        def context():
-            return build_schedule_context(
+        def evaluate(schedule):
+            with build_schedule_context(
                 instance=instance, scheduled_execution_time=tick, repository_def=repository
-            )
+            ) as context:
+                return schedule.evaluate_tick(context)
 
         for schedule in maintenance_defs.MAINTENANCE_SCHEDULES:
-            assert schedule.evaluate_tick(context()).skip_message == "no tenant partitions yet"
+            assert evaluate(schedule).skip_message == "no tenant partitions yet"
         instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, ["t-a", "t-b"])
         for schedule in maintenance_defs.MAINTENANCE_SCHEDULES:
-            requests = schedule.evaluate_tick(context()).run_requests
+            requests = evaluate(schedule).run_requests
             assert all(isinstance(r, RunRequest) for r in requests)
             assert sorted(r.partition_key for r in requests) == ["t-a", "t-b"]
             assert len({r.run_key for r in requests}) == 2

@@ -31,10 +31,10 @@ OUTBOX = AssetKey(["postgres", "outbox"])
 def tick(defs, instance):
     """One sensor evaluation, with its partition requests applied as the daemon applies them."""
     sensor = defs.get_sensor_def("outbox_sensor")
-    context = build_sensor_context(
+    with build_sensor_context(
         instance_ref=instance.get_ref(), definitions=defs, resources=build_resources()
-    )
-    data = sensor.evaluate_tick(context)
+    ) as context:
+        data = sensor.evaluate_tick(context)
     for request in data.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     return data

@@ -125,10 +125,10 @@ def test_the_asset_graph_shows_the_lake_with_tenant_partitions(conn, lake, tmp_p
             monkeypatch.setenv(name, value)
         instance = DagsterInstance.get()
         # One sensor tick, applied as the daemon applies it: partitions and the outbox's events.
-        context = build_sensor_context(
+        with build_sensor_context(
             instance_ref=instance.get_ref(), definitions=defs, resources=build_resources()
-        )
-        tick = defs.get_sensor_def("outbox_sensor").evaluate_tick(context)
+        ) as context:
+            tick = defs.get_sensor_def("outbox_sensor").evaluate_tick(context)
         for request in tick.dynamic_partitions_requests:
             instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
         for event in tick.asset_events:
