@@ -1,7 +1,7 @@
 """Commit latency against table history: one bronze table of one tenant, created by the writer
 with the tables' checkpoint policy (`delta.checkpointInterval` 100, so delta-rs writes a
 checkpoint at every hundredth version), is brought to version ~100 and then to ~10,000 by cheap
-one-row appends. At each point, `--samples` commits go through the writer's own commit path
+appends (by default zero-row ones: the writer's txn-only commit, which adds no file). At each point, `--samples` commits go through the writer's own commit path
 (`writer._handle` opens the table as each batch does, `writer._commit_table` commits one
 batch's rows with the app transaction and reloads the table), at the same offsets past a
 checkpoint, so the two points differ only in the history behind them.
@@ -91,13 +91,14 @@ def measured_commit(lake: Lake, seq: int, config: WriterConfig, configuration: d
     }
 
 
-def cheap_appends(table: DeltaTable, seq: int, until_version: int) -> int:
-    """One-row appends (with the app transaction) until the table is at `until_version`."""
+def cheap_appends(table: DeltaTable, seq: int, until_version: int, rows: int) -> int:
+    """Appends of `rows` rows (0: the writer's txn-only commit) with the app transaction until
+    the table is at `until_version`."""
     while table.version() < until_version:
         seq += 1
         write_deltalake(
             table,
-            event_rows(seq),
+            event_rows(seq, rows) if rows else BRONZE_EVENTS.schema.empty_table(),
             mode="append",
             partition_by=list(BRONZE_EVENTS.partition_by),
             commit_properties=CommitProperties(
@@ -116,7 +117,7 @@ def summary(samples: list[dict]) -> dict:
     return {k: stats(k) for k in ("open_s", "commit_s", "total_s")}
 
 
-def run(versions: list[int], samples: int) -> dict:
+def run(versions: list[int], samples: int, rows: int) -> dict:
     config = WriterConfig()
     configuration = BRONZE_EVENTS.configuration(int(DEFAULT_ERASURE_BOUND.total_seconds()))
     points = []
@@ -131,7 +132,7 @@ def run(versions: list[int], samples: int) -> dict:
             # Start each point just past a checkpoint, so every point replays the same tail.
             start = (target // CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
             started = time.perf_counter()
-            seq = cheap_appends(table, seq, start - 1)
+            seq = cheap_appends(table, seq, start - 1, rows)
             built = time.perf_counter() - started
             runs = []
             for _ in range(samples):
@@ -161,6 +162,7 @@ def run(versions: list[int], samples: int) -> dict:
     return {
         "machine": machine(),
         "samples": samples,
+        "build_rows_per_append": rows,
         "points": points,
         "ratio_total": high["total_s"]["median_ms"] / low["total_s"]["median_ms"],
         "ratio_commit": high["commit_s"]["median_ms"] / low["commit_s"]["median_ms"],
@@ -173,11 +175,18 @@ def main() -> None:
     parser.add_argument("--low", type=int, default=100, help="the baseline version")
     parser.add_argument("--versions", type=int, default=10_000, help="the high version")
     parser.add_argument("--samples", type=int, default=20, help="measured commits per point")
+    parser.add_argument(
+        "--build-rows",
+        type=int,
+        default=0,
+        help="rows per building append (0: txn-only commits, so only the measured commits add"
+        " files and both points hold about as many)",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     if args.versions <= args.low:
         parser.error("--versions must be above --low")
-    result = run([args.low, args.versions], args.samples)
+    result = run([args.low, args.versions], args.samples, args.build_rows)
     print(result["machine"])
     for p in result["points"]:
         print(
