@@ -4,7 +4,7 @@
 #   retract (time vs silver size), history (commit latency at version ~100 vs ~10,000).
 # Results go to bench/results/<UTC stamp>/ (one .log per benchmark, .json where the benchmark
 # writes one, the load average before and after each), then PNG plots into bench/plots/ when
-# matplotlib is installed (pip install -e ".[bench]").
+# matplotlib is installed (pip install -e ".[bench]"); a --quick run plots into its results folder.
 #
 #   bench/run_all.sh            # moderate sizes
 #   bench/run_all.sh --quick    # small sizes (a few minutes)
@@ -66,7 +66,9 @@ run retract bench/retract_bench.py "${RETRACT[@]}" --json "$OUT/retract.json"
 run history bench/history_bench.py "${HISTORY[@]}" --json "$OUT/history.json"
 
 if "$PY" -c "import matplotlib" 2>/dev/null; then
-  "$PY" bench/plots.py "$OUT" bench/plots
+  # A quick run's plots stay beside its results, so they never replace a real run's.
+  if [ "$SIZE" = quick ]; then PLOTS=$OUT/plots; else PLOTS=bench/plots; fi
+  "$PY" bench/plots.py "$OUT" "$PLOTS"
 else
   echo "matplotlib not installed: no plots (pip install -e '.[bench]')"
 fi
