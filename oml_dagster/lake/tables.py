@@ -7,6 +7,7 @@ The writer, maintenance, the checks and the tests all read the tables from here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import pyarrow as pa
 
@@ -43,9 +44,10 @@ class TableSpec:
     body_columns: tuple[str, ...] = ()
     zorder_by: tuple[str, ...] = field(default=())
 
-    @property
-    def columns(self) -> list[str]:
-        return self.schema.names
+    @cached_property
+    def columns(self) -> tuple[str, ...]:
+        # Cached: the fold reads it once per op.
+        return tuple(self.schema.names)
 
     def configuration(self, erasure_bound_seconds: int) -> dict[str, str]:
         """Delta table properties; retention equals the tenant's lake erasure bound."""
