@@ -38,7 +38,8 @@ def deployment(tmp_path, dsn, lake, monkeypatch):
     process and every subprocess share it."""
     with fresh_database("oml_dagster_lease") as pg:
         home = dagster_home(tmp_path / "dagster_home")
-        env = subprocess_env(DAGSTER_HOME=str(home), **pg)
+        # The test launches every run itself: the sensor and schedules stay off.
+        env = subprocess_env(DAGSTER_HOME=str(home), OML_DAGSTER_AUTOSTART="0", **pg)
         for name, value in {"DAGSTER_HOME": str(home), **pg}.items():
             monkeypatch.setenv(name, value)
         instance = DagsterInstance.get()
