@@ -176,9 +176,9 @@ def test_a_run_sequences_and_drains_its_tenant_until_idle(conn, lake, defs, inst
     assert sequencer.pending_tenants(conn, [work.tenant_id]) == []
     assert lake_snapshot(lake, other.tenant_id) == {}
 
-    # Nothing new: one batch, nothing pending, and the run ends at once.
+    # Nothing new: no batch, nothing written, and the run ends at once.
     idle = materialize(defs, instance, work.tenant_id)
-    assert {m["batches"] for m in idle.values()} == {1}
+    assert {m["batches"] for m in idle.values()} == {0}
     assert {m["rows_written"] for m in idle.values()} == {0}
 
 

@@ -123,7 +123,8 @@ def run_metadata(
 ) -> dict[AssetKey, dict]:
     """What one run did to each table over its batches (at least one), as numbers the UI plots
     over time: rows added and updated by its commits, the table's version and txn version
-    afterwards, the run's bounds (first batch's start, last batch's end), the number of batches,
+    afterwards, the run's bounds (first batch's start, last batch's end), the number of batches
+    that read ops (the loop's last, empty look for more is not one),
     the ops they read and those new to the lake (applied or dead-lettered), and how far the
     table still lags the sequenced outbox."""
     first, last = results[0], results[-1]
@@ -162,7 +163,7 @@ def run_metadata(
             "rows_updated": 0,
             "batch_start": batch_start,
             "batch_end": batch_end,
-            "batches": len(results),
+            "batches": sum(1 for r in results if r.ops),
             "ops_in_batch": sum(r.ops for r in results),
             "ops_new": new_ops,
             "ops_applied": new_ops - refused,
@@ -237,7 +238,7 @@ def _summary(passes: list[DrainPass], results: list[BatchResult], metadata: dict
     lag_ops = max((m.get("lag_ops", 0) for m in metadata.values()), default=0)
     return (
         f"tenant {results[0].tenant_id} run ({results[0].batch_start}, {results[-1].batch_end}]: "
-        f"{len(results)} batches in {len(passes)} passes, "
+        f"{sum(1 for r in results if r.ops)} batches in {len(passes)} passes, "
         f"{sum(p.sequenced_here for p in passes)} ops sequenced, {sum(r.ops for r in results)} "
         f"ops; {tables or 'nothing pending'}; lag {lag_ops} ops"
     )
