@@ -6,10 +6,12 @@ from __future__ import annotations
 import uuid
 
 import pyarrow as pa
+import pytest
 from dagster import AssetKey
 
 from oml_dagster.defs.checks import LAKE_CHECK_KEYS
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+from oml_dagster.defs.resources import WriterResource
 from oml_dagster.lake import sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
@@ -128,11 +130,14 @@ def test_the_next_batch_reports_updates_versions_and_lag(conn, lake, defs, insta
     assert idle["silver/claims"]["table_version"] == 1
     assert idle["silver/claims"]["txn_version"] == silver["txn_version"]
 
-    # A batch smaller than the backlog leaves lag, in ops and in seconds.
+    # A run capped at one batch (cap 0), smaller than the backlog, leaves lag, in ops and in
+    # seconds.
     more_acts(conn, work, 10)
     sequencer.sequence(conn)
     monkeypatch.setenv("OML_MAX_BATCH", "6")
+    monkeypatch.setenv("OML_RUN_DRAIN_SECONDS", "0")
     partial = materialize(defs, instance, work.tenant_id)
+    assert partial["bronze/events"]["batches"] == 1
     assert partial["bronze/events"]["ops_in_batch"] == 6
     assert partial["bronze/events"]["ops_new"] == 0  # all six re-read for the lagging table
     # The batch starts where the least advanced table (lineage, untouched) stands, so its ops
@@ -140,6 +145,53 @@ def test_the_next_batch_reports_updates_versions_and_lag(conn, lake, defs, insta
     assert partial["bronze/events"]["action"] == "skipped"
     assert partial["bronze/events"]["lag_ops"] == 20
     assert partial["bronze/events"]["lag_seconds"] > 0
+
+
+def test_a_run_sequences_and_drains_its_tenant_until_idle(conn, lake, defs, instance, monkeypatch):
+    """One run does the work of many: it sequences the outbox itself (no sensor tick here) and
+    drains batch after batch until the tenant is idle; another tenant's backlog is not its
+    business. The metadata reports the run's totals and its number of batches."""
+    work, other = seed_tenant(conn, bad=False), seed_tenant(conn, bad=False)
+    more_acts(conn, work, 20)
+    monkeypatch.setenv("OML_MAX_BATCH", "8")
+    total = conn.execute(
+        "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s", (work.tenant_id,)
+    ).fetchone()[0]
+    assert total > 3 * 8  # several batches' worth, none of it sequenced yet
+
+    meta = materialize(defs, instance, work.tenant_id)
+
+    last_seq = conn.execute(
+        "SELECT max(seq) FROM oml.outbox WHERE tenant_id = %s", (work.tenant_id,)
+    ).fetchone()[0]
+    for key in LAKE_KEYS:
+        m = meta[key]
+        assert m["batches"] >= 4, key
+        assert (m["batch_start"], m["batch_end"]) == (0, last_seq), key
+        assert (m["lag_ops"], m["lag_seconds"]) == (0, 0.0), key
+        assert m["ops_new"] == m["ops_applied"] == total, key
+    assert meta["bronze/events"]["rows_added"] == total // 2  # an op and an event per act
+    assert meta["bronze/events"]["rows_written"] == total // 2
+    # The lake is what one until-idle drain of the core lands, and the other tenant is untouched.
+    assert sequencer.pending_tenants(conn, [work.tenant_id]) == []
+    assert lake_snapshot(lake, other.tenant_id) == {}
+
+    # Nothing new: no batch, nothing written, and the run ends at once.
+    idle = materialize(defs, instance, work.tenant_id)
+    assert {m["batches"] for m in idle.values()} == {0}
+    assert {m["rows_written"] for m in idle.values()} == {0}
+
+
+def test_the_run_drain_cap_is_checked(monkeypatch):
+    monkeypatch.setenv("OML_RUN_DRAIN_SECONDS", "soon")
+    with pytest.raises(ValueError, match="OML_RUN_DRAIN_SECONDS='soon'"):
+        WriterResource().drain_seconds()
+    monkeypatch.setenv("OML_RUN_DRAIN_SECONDS", "-1")
+    with pytest.raises(ValueError, match="OML_RUN_DRAIN_SECONDS"):
+        WriterResource().drain_seconds()
+    monkeypatch.delenv("OML_RUN_DRAIN_SECONDS")
+    assert WriterResource().drain_seconds() == 60.0
+    assert WriterResource(run_drain_seconds=0).drain_seconds() == 0.0
 
 
 def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):

@@ -153,7 +153,9 @@ def test_sensors_and_schedules_are_pinned(repo):
     sensor = sensors["outbox_sensor"]
     assert sensor.job_name == "lake_writer_job"
     assert sensor.minimum_interval_seconds == 30
-    assert sensor.default_status == DefaultSensorStatus.STOPPED
+    # Production defaults keep the promises: the sensor and every schedule start running.
+    assert sensor.default_status == DefaultSensorStatus.RUNNING
+    assert {s.default_status.value for s in repo.schedule_defs} == {"RUNNING"}
     schedules = {s.name for s in repo.schedule_defs}
     assert schedules == {
         "reconcile_schedule",
@@ -180,30 +182,53 @@ def test_analytics_schedule_requests_one_run_per_tenant(repo):
     assert len({r.run_key for r in requests}) == 2
 
 
-def test_automation_settings_come_from_the_environment():
-    probe = (
-        "from oml_dagster.definitions import defs\n"
-        "r = defs.get_repository_def()\n"
-        "s = r.get_sensor_def('outbox_sensor')\n"
-        "c = r.get_schedule_def('reconcile_schedule')\n"
-        "print(s.minimum_interval_seconds, s.default_status.value, c.default_status.value,"
-        " c.cron_schedule)"
-    )
-    env = subprocess_env(
-        OML_SENSOR_INTERVAL_SECONDS="5",
-        OML_DAGSTER_AUTOSTART="1",
-        OML_RECONCILE_CRON="*/10 * * * *",
-    )
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", probe],
-        env=env,
+AUTOMATION_PROBE = (
+    "from oml_dagster.definitions import defs\n"
+    "r = defs.get_repository_def()\n"
+    "s = r.get_sensor_def('outbox_sensor')\n"
+    "c = r.get_schedule_def('reconcile_schedule')\n"
+    "print(s.minimum_interval_seconds, s.default_status.value,"
+    " ','.join(sorted({d.default_status.value for d in r.schedule_defs})), c.cron_schedule)"
+)
+
+
+def load_definitions(**extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", AUTOMATION_PROBE],
+        env=subprocess_env(**extra),
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_automation_settings_come_from_the_environment():
+    done = load_definitions(
+        OML_SENSOR_INTERVAL_SECONDS="5",
+        OML_DAGSTER_AUTOSTART="1",
+        OML_RECONCILE_CRON="*/10 * * * *",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["5", "RUNNING", "RUNNING", "*/10", "*", "*", "*", "*"]
+
+
+def test_autostart_is_on_unless_switched_off():
+    for value in ("", "1", "true", "YES"):
+        done = load_definitions(OML_DAGSTER_AUTOSTART=value)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[1:3] == ["RUNNING", "RUNNING"], value
+    for value in ("0", "false", "No"):
+        done = load_definitions(OML_DAGSTER_AUTOSTART=value)
+        assert done.returncode == 0, done.stderr
+        # Sensor, then every schedule (reconcile, maintenance, analytics): all stopped.
+        assert done.stdout.split()[1:3] == ["STOPPED", "STOPPED"], value
+
+
+def test_an_unrecognised_autostart_value_is_refused():
+    done = load_definitions(OML_DAGSTER_AUTOSTART="maybe")
+    assert done.returncode != 0
+    assert "OML_DAGSTER_AUTOSTART='maybe'" in done.stderr
 
 
 def test_reconcile_schedule_requests_checks_only_per_tenant(defs, repo):

@@ -4,14 +4,15 @@ started outside the queue overlap safely because the core fences every commit.""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import threading
 
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from oml_dagster.defs import assets
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+from oml_dagster.lake import drain as drain_loop
 from oml_dagster.lake import sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
@@ -38,7 +39,8 @@ def deployment(tmp_path, dsn, lake, monkeypatch):
     process and every subprocess share it."""
     with fresh_database("oml_dagster_lease") as pg:
         home = dagster_home(tmp_path / "dagster_home")
-        env = subprocess_env(DAGSTER_HOME=str(home), **pg)
+        # The test launches every run itself: the sensor and schedules stay off.
+        env = subprocess_env(DAGSTER_HOME=str(home), OML_DAGSTER_AUTOSTART="0", **pg)
         for name, value in {"DAGSTER_HOME": str(home), **pg}.items():
             monkeypatch.setenv(name, value)
         instance = DagsterInstance.get()
@@ -180,17 +182,19 @@ def test_two_runs_started_outside_the_queue_are_fenced(conn, lake, tmp_path, mon
     work = seed_tenant(conn, claims=20)
     sequencer.sequence(conn)
 
-    # Both runs fold the same batch and reach their first commit together: a true overlap.
+    # Both runs fold the same batch and reach their first commit together: a true overlap. The
+    # runs drain through the core's loop (until idle); the first two bronze commits meet.
     barrier = threading.Barrier(2, timeout=60)
+    bronze_commits = itertools.count()
 
-    def racing_drain(conn, lake, tenant_id, config=None):
+    def racing_drain(conn, lake, tenant_id, config=None, **kwargs):
         def before_commit(table: str) -> None:
-            if table == "bronze.events":
+            if table == "bronze.events" and next(bronze_commits) < 2:
                 barrier.wait()
 
-        return drain_tenant(conn, lake, tenant_id, config, before_commit=before_commit)
+        return drain_tenant(conn, lake, tenant_id, config, before_commit=before_commit, **kwargs)
 
-    monkeypatch.setattr(assets, "drain_tenant", racing_drain)
+    monkeypatch.setattr(drain_loop, "drain_tenant", racing_drain)
     job = defs.resolve_job_def("lake_writer_job")
     results: list = []
     errors: list = []

@@ -407,19 +407,23 @@ def test_schedule_cron_and_timezone_come_from_the_environment():
         "nightly_vacuum_schedule": "0 4 * * *",
     }
     assert {s.execution_timezone for s in defaults} == {"UTC"}
+    # On by default: a fresh deployment vacuums within the erasure bound without being told to.
+    assert {s.default_status.value for s in defaults} == {"RUNNING"}
     env = {
         "OML_COMPACT_CRON": "15 1 * * *",
         "OML_ZORDER_CRON": "0 5 * * 6",
         "OML_VACUUM_CRON": "*/30 * * * *",
         "OML_MAINTENANCE_TZ": "Europe/Berlin",
-        "OML_DAGSTER_AUTOSTART": "1",
+        "OML_DAGSTER_AUTOSTART": "false",
     }
     configured = maintenance_defs.build_schedules(
         maintenance_defs.MaintenanceSchedules.from_env(env)
     )
     assert [s.cron_schedule for s in configured] == ["15 1 * * *", "0 5 * * 6", "*/30 * * * *"]
     assert {s.execution_timezone for s in configured} == {"Europe/Berlin"}
-    assert {s.default_status.value for s in configured} == {"RUNNING"}
+    assert {s.default_status.value for s in configured} == {"STOPPED"}
+    with pytest.raises(ValueError, match="OML_DAGSTER_AUTOSTART='sometimes'"):
+        maintenance_defs.MaintenanceSchedules.from_env({"OML_DAGSTER_AUTOSTART": "sometimes"})
     assert [s.job_name for s in configured] == ["compact_job", "zorder_job", "vacuum_job"]
 
 

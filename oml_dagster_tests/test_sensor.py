@@ -20,6 +20,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import build_resources
 from oml_dagster.lake import sequencer
+from oml_dagster.lake.drain import drain
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import producer
 
@@ -68,13 +69,14 @@ def add_run(instance, tenant_id: str, status: DagsterRunStatus, job: str = "lake
 
 def test_new_tenants_become_partitions_and_get_one_run_each(conn, lake, defs, instance):
     a, b = seed_tenant(conn), seed_tenant(conn)
-    idle = producer.create_tenant(conn)  # a tenant with no acts: no partition, no run
+    idle = producer.create_tenant(conn)  # a tenant with no acts: a partition, no run
 
     data = tick(defs, instance)
 
     assert set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)) == {
         a.tenant_id,
         b.tenant_id,
+        idle.tenant_id,
     }
     runs = requested(data)
     assert set(runs) == {a.tenant_id, b.tenant_id}
@@ -106,6 +108,33 @@ def test_new_tenants_become_partitions_and_get_one_run_each(conn, lake, defs, in
     assert requested(again) == runs
     assert not again.dynamic_partitions_requests
     assert not [e for e in again.asset_events if e.asset_key == OUTBOX]
+
+
+def test_every_tenant_postgres_knows_becomes_a_partition_once(conn, lake, defs, instance):
+    """Tenants drained only through the CLI, or with nothing to drain, still get a partition (the
+    maintenance and evidence schedules iterate the partitions); a tick adds only the missing."""
+    through_cli, listed = seed_tenant(conn), seed_tenant(conn)
+    drain(conn, lake, until_idle=True)  # `oml-lake drain --until-idle`: nothing left pending
+    quiet = producer.create_tenant(conn)
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [listed.tenant_id])
+
+    data = tick(defs, instance)
+
+    assert requested(data) == {}  # nothing pending: partitions, no runs
+    [added] = data.dynamic_partitions_requests
+    assert sorted(added.partition_keys) == sorted([through_cli.tenant_id, quiet.tenant_id])
+    assert set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)) == {
+        through_cli.tenant_id,
+        listed.tenant_id,
+        quiet.tenant_id,
+    }
+    # A tenant created later is added on the next tick, alone; then nothing is asked again.
+    late = producer.create_tenant(conn)
+    [added] = tick(defs, instance).dynamic_partitions_requests
+    assert list(added.partition_keys) == [late.tenant_id]
+    again = tick(defs, instance)
+    assert not again.dynamic_partitions_requests
+    assert again.skip_message
 
 
 def test_no_run_for_a_tenant_with_a_queued_or_running_lake_writer_run(conn, lake, defs, instance):

@@ -2,9 +2,11 @@
 lake tables that one lake-writer run brings forward together.
 
 The core folds one batch of a tenant's ops into every table at once (`drain_tenant`), so the five
-tables are one multi-asset: a run calls the core once and reports each table's commit in that
-batch as that asset's materialization. The dependencies are the data's lineage as an operator
-reads it (outbox → bronze/silver → gold), not an execution order: the core owns the commit order.
+tables are one multi-asset. A run keeps sequencing and draining its tenant, batch after batch,
+through the core's drain loop until the tenant is idle or the run's time cap passes (ADR 0021),
+and reports each table's commits over the whole run as that asset's materialization. The
+dependencies are the data's lineage as an operator reads it (outbox → bronze/silver → gold), not
+an execution order: the core owns the commit order.
 """
 
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from dagster import (
 from deltalake.exceptions import DeltaError
 
 from oml_dagster.lake import deadletter
+from oml_dagster.lake.drain import DrainPass, drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import (
     BRONZE_EVENTS,
@@ -33,7 +36,7 @@ from oml_dagster.lake.tables import (
     SILVER_CLAIMS,
     TableSpec,
 )
-from oml_dagster.lake.writer import BatchResult, TableOutcome, drain_tenant, lag
+from oml_dagster.lake.writer import BatchResult, TableOutcome, lag
 
 from .partitions import tenant_partitions
 from .resources import LakeResource, PostgresResource, WriterResource
@@ -115,26 +118,32 @@ LAKE_SPECS: list[AssetSpec] = [
 ]
 
 
-def batch_metadata(
-    conn: psycopg.Connection, lake: Lake, result: BatchResult
+def run_metadata(
+    conn: psycopg.Connection, lake: Lake, results: list[BatchResult]
 ) -> dict[AssetKey, dict]:
-    """What one run did to each table, as numbers the UI plots over time: rows added and
-    updated by the commit, the table's version and txn version afterwards, the batch's bounds,
-    the ops it read and those new to the lake (applied or dead-lettered), and how far the table
-    still lags the sequenced outbox."""
-    tenant_id = result.tenant_id
-    # The batch starts at the least advanced table, so it may re-read ops other tables hold
+    """What one run did to each table over its batches (at least one), as numbers the UI plots
+    over time: rows added and updated by its commits, the table's version and txn version
+    afterwards, the run's bounds (first batch's start, last batch's end), the number of batches
+    that read ops (the loop's last, empty look for more is not one),
+    the ops they read and those new to the lake (applied or dead-lettered), and how far the
+    table still lags the sequenced outbox."""
+    first, last = results[0], results[-1]
+    tenant_id = first.tenant_id
+    batch_start, batch_end = first.batch_start, last.batch_end
+    # A batch starts at the least advanced table, so it may re-read ops other tables hold
     # already (ADR 0002); the ops above the most advanced table are the ones new to the lake.
-    # A replay after a loss finds every table gone: all its ops are new again.
-    new_from = max((t.txn_before for t in result.tables), default=result.batch_end)
+    # A replay after a loss finds every table gone: all its ops are new again. Over a run, the
+    # new ops start where its earliest batch found the most advanced table.
+    new_from = min(max((t.txn_before for t in r.tables), default=r.batch_end) for r in results)
     new_ops = 0
-    if new_from < result.batch_end:
+    if new_from < batch_end:
         new_ops = conn.execute(
             "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND seq > %s AND seq <= %s",
-            (tenant_id, new_from, result.batch_end),
+            (tenant_id, new_from, batch_end),
         ).fetchone()[0]
     # Verdicts recorded by an earlier run of the same ops count too: a replay reuses them.
-    refused = len(deadletter.refused_seqs(conn, tenant_id, new_from, result.batch_end))
+    refused = len(deadletter.refused_seqs(conn, tenant_id, new_from, batch_end))
+    outcomes_of_run = [t for r in results for t in r.tables]
     # Where every table stands after the run (the run has just refreshed this cache).
     frontier = {
         name: (txn, version)
@@ -146,15 +155,16 @@ def batch_metadata(
     }
     found: dict[AssetKey, dict] = {}
     for key, spec in TABLE_OF.items():
-        outcomes = [t for t in result.tables if _table_of(t.table) == spec.name]
+        outcomes = [t for t in outcomes_of_run if _table_of(t.table) == spec.name]
         tables = {n: state for n, state in frontier.items() if _table_of(n) == spec.name}
         meta: dict = {
             "rows_written": sum(t.rows for t in outcomes),
             "rows_added": 0,
             "rows_updated": 0,
-            "batch_start": result.batch_start,
-            "batch_end": result.batch_end,
-            "ops_in_batch": result.ops,
+            "batch_start": batch_start,
+            "batch_end": batch_end,
+            "batches": sum(1 for r in results if r.ops),
+            "ops_in_batch": sum(r.ops for r in results),
             "ops_new": new_ops,
             "ops_applied": new_ops - refused,
             "ops_dead_lettered": refused,
@@ -219,12 +229,18 @@ def _commit_counts(
     return None
 
 
-def _summary(result: BatchResult, metadata: dict[AssetKey, dict]) -> str:
-    tables = ", ".join(f"{t.table} {t.action} {t.rows}" for t in result.tables)
+def _summary(passes: list[DrainPass], results: list[BatchResult], metadata: dict) -> str:
+    written: dict[str, list[int]] = {}
+    for t in (t for r in results for t in r.tables):
+        commits, rows = written.setdefault(t.table, [0, 0])
+        written[t.table] = [commits + (t.action in ("committed", "txn-only")), rows + t.rows]
+    tables = ", ".join(f"{name} {c} commits {rows} rows" for name, (c, rows) in written.items())
     lag_ops = max((m.get("lag_ops", 0) for m in metadata.values()), default=0)
     return (
-        f"tenant {result.tenant_id} batch ({result.batch_start}, {result.batch_end}]: "
-        f"{result.ops} ops; {tables or 'nothing pending'}; lag {lag_ops} ops"
+        f"tenant {results[0].tenant_id} run ({results[0].batch_start}, {results[-1].batch_end}]: "
+        f"{sum(1 for r in results if r.ops)} batches in {len(passes)} passes, "
+        f"{sum(p.sequenced_here for p in passes)} ops sequenced, {sum(r.ops for r in results)} "
+        f"ops; {tables or 'nothing pending'}; lag {lag_ops} ops"
     )
 
 
@@ -233,7 +249,11 @@ def _summary(result: BatchResult, metadata: dict[AssetKey, dict]) -> str:
     specs=LAKE_SPECS,
     partitions_def=tenant_partitions,
     can_subset=False,
-    description="One batch of the tenant's sequenced ops, folded into every lake table.",
+    description=(
+        "The tenant's sequenced ops, folded into every lake table batch after batch; the run "
+        "sequences the outbox itself and keeps draining until the tenant is idle or its time "
+        "cap (OML_RUN_DRAIN_SECONDS) passes."
+    ),
 )
 def lake_tables(
     context: AssetExecutionContext,
@@ -243,9 +263,16 @@ def lake_tables(
 ) -> Iterator[MaterializeResult]:
     tenant_id = context.partition_key
     store = lake.get_lake()
+    cap = writer.drain_seconds()
     with postgres.connect() as conn:
-        result = drain_tenant(conn, store, tenant_id, writer.config())
-        metadata = batch_metadata(conn, store, result)
-    context.log.info(_summary(result, metadata))
+        # The core's loop, as `oml-lake drain --until-idle` runs it, for this tenant only; the run
+        # queue's per-partition limit keeps it the tenant's only writer meanwhile. Cap 0: one
+        # sequencing cut and one batch.
+        passes = drain(
+            conn, store, [tenant_id], until_idle=cap > 0, config=writer.config(), max_seconds=cap
+        )
+        results = [b for p in passes for b in p.batches]
+        metadata = run_metadata(conn, store, results)
+    context.log.info(_summary(passes, results, metadata))
     for key in TABLE_OF:
         yield MaterializeResult(asset_key=key, metadata=metadata[key])

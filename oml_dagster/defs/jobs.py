@@ -2,7 +2,8 @@
 partitioned by tenant so that every run carries the `dagster/partition` tag the run queue's
 per-tenant limit (the leader lease) keys on.
 
-Runs pick what they execute: the outbox sensor's runs drain only (a run's cost stays one batch),
+Runs pick what they execute: the outbox sensor's runs drain only (a run's cost is the drain: its
+tenant until idle or the run's time cap, never a whole-table check),
 the reconcile schedule's run only the checks and the evidence, and a backfill or a run from the UI
 does all."""
 
@@ -15,13 +16,14 @@ ERASURE_EVIDENCE = AssetKey(["reconciler", "erasure_evidence"])
 
 LAKE_ASSET_KEYS: list[AssetKey] = list(TABLE_OF)
 
-# One process per run: the run's single asset step drains one batch for its tenant.
+# One process per run: the run's single asset step drains its tenant, batch after batch.
 lake_writer_job = define_asset_job(
     name="lake_writer_job",
     selection=AssetSelection.assets(*LAKE_ASSET_KEYS, ERASURE_EVIDENCE),
     executor_def=in_process_executor,
     description=(
-        "Fold the tenant's next batch of sequenced ops into its five lake tables, and check them."
+        "Fold the tenant's sequenced ops into its five lake tables until it is idle or the run's"
+        " time cap passes, and check them."
         " The reconciler's runs check the tables and list the erasure evidence."
     ),
 )

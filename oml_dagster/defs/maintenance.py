@@ -9,7 +9,8 @@ partition. Cron and timezone come from the environment:
 - OML_ZORDER_CRON (default "0 3 * * 0"): Z-order OPTIMIZE, weekly on Sunday.
 - OML_VACUUM_CRON (default "0 4 * * *"): checkpoint, VACUUM and log cleanup, daily.
 - OML_MAINTENANCE_TZ (default "UTC"): the schedules' timezone.
-- OML_DAGSTER_AUTOSTART=1: schedules start RUNNING instead of STOPPED.
+- OML_DAGSTER_AUTOSTART (default on): schedules start RUNNING, so a fresh deployment vacuums
+  within the erasure bound without being told to; 0/false/no starts them STOPPED.
 """
 
 import datetime as dt
@@ -38,7 +39,7 @@ from oml_dagster.lake import maintenance
 from oml_dagster.lake.maintenance import MaintenanceResult
 
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import LakeResource, PostgresResource
+from .resources import LakeResource, PostgresResource, autostart_from
 
 
 class OptimizeConfig(Config):
@@ -184,7 +185,7 @@ class MaintenanceSchedules:
     zorder_cron: str = "0 3 * * 0"
     vacuum_cron: str = "0 4 * * *"
     timezone: str = "UTC"
-    autostart: bool = False
+    autostart: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "MaintenanceSchedules":
@@ -194,7 +195,7 @@ class MaintenanceSchedules:
             zorder_cron=env.get("OML_ZORDER_CRON") or default.zorder_cron,
             vacuum_cron=env.get("OML_VACUUM_CRON") or default.vacuum_cron,
             timezone=env.get("OML_MAINTENANCE_TZ") or default.timezone,
-            autostart=env.get("OML_DAGSTER_AUTOSTART", "").lower() in ("1", "true", "yes"),
+            autostart=autostart_from(env),
         )
 
 

@@ -1,10 +1,12 @@
 """Resources for Postgres, the lake and the writer's batch settings, configured from the
 environment in this one place (OML_PG_DSN, OML_LAKE_URI, OML_LAKE_STORAGE_OPTIONS, the AWS_*
-variables, OML_MAX_BATCH and OML_TXN_LAG_LIMIT), and the automation settings below."""
+variables, OML_MAX_BATCH, OML_TXN_LAG_LIMIT and OML_RUN_DRAIN_SECONDS), and the automation
+settings below."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import psycopg
@@ -34,13 +36,36 @@ class LakeResource(ConfigurableResource):
         return Lake(self.uri, lake.storage_options).checked() if self.uri else lake
 
 
+# How long one lake-writer run keeps sequencing and draining its tenant (ADR 0021).
+DEFAULT_RUN_DRAIN_SECONDS = 60.0
+
+
 class WriterResource(ConfigurableResource):
-    """How large one run's batch may be (ops per tenant), and when an idle table gets a
-    txn-only commit. Unset fields come from OML_MAX_BATCH / OML_TXN_LAG_LIMIT, else the core's
+    """How large one batch may be (ops per tenant), when an idle table gets a txn-only commit,
+    and how long a run keeps draining its tenant batch after batch (0: one batch per run).
+    Unset fields come from OML_MAX_BATCH / OML_TXN_LAG_LIMIT / OML_RUN_DRAIN_SECONDS, else the
     defaults."""
 
     max_batch: int | None = None
     txn_lag_limit: int | None = None
+    run_drain_seconds: float | None = None
+
+    def drain_seconds(self) -> float:
+        if self.run_drain_seconds is not None:
+            value = self.run_drain_seconds
+        else:
+            raw = os.environ.get("OML_RUN_DRAIN_SECONDS", "").strip()
+            if not raw:
+                return DEFAULT_RUN_DRAIN_SECONDS
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(
+                    f"OML_RUN_DRAIN_SECONDS={raw!r}: expected seconds (a number >= 0)"
+                ) from None
+        if not value >= 0 or value == float("inf"):
+            raise ValueError(f"OML_RUN_DRAIN_SECONDS={value!r}: expected seconds (a number >= 0)")
+        return value
 
     def config(self) -> WriterConfig:
         default = WriterConfig()
@@ -58,13 +83,14 @@ def build_resources() -> dict:
 @dataclass(frozen=True)
 class DeploymentSettings:
     """How the code location runs its automation, from the environment:
-    OML_SENSOR_INTERVAL_SECONDS (outbox sensor tick, default 30), OML_DAGSTER_AUTOSTART=1 (sensor
-    and schedules start RUNNING instead of STOPPED), OML_RECONCILE_CRON and
+    OML_SENSOR_INTERVAL_SECONDS (outbox sensor tick, default 30), OML_DAGSTER_AUTOSTART (on by
+    default: the sensor and every schedule start RUNNING; 0/false/no starts them STOPPED),
+    OML_RECONCILE_CRON and
     OML_SCHEDULE_TIMEZONE (the reconciler's schedule), OML_ERASURE_CADENCE_SECONDS (the
     maintenance cadence the erasure check allows on top of the bound, default a day)."""
 
     sensor_interval_seconds: int = 30
-    autostart: bool = False
+    autostart: bool = True
     reconcile_cron: str = "30 5 * * *"
     schedule_timezone: str = "UTC"
     # The maintenance cadence the erasure check allows on top of the bound (a daily VACUUM).
@@ -75,11 +101,25 @@ class DeploymentSettings:
         env = os.environ
         return cls(
             sensor_interval_seconds=int(env.get("OML_SENSOR_INTERVAL_SECONDS", "30")),
-            autostart=env.get("OML_DAGSTER_AUTOSTART", "") in ("1", "true", "yes"),
+            autostart=autostart_from(env),
             reconcile_cron=env.get("OML_RECONCILE_CRON", "30 5 * * *"),
             schedule_timezone=env.get("OML_SCHEDULE_TIMEZONE", "UTC"),
             erasure_cadence_seconds=int(env.get("OML_ERASURE_CADENCE_SECONDS", "86400")),
         )
+
+
+def autostart_from(env: Mapping[str, str]) -> bool:
+    """OML_DAGSTER_AUTOSTART: unset or empty, 1/true/yes/on: on; 0/false/no/off: off; anything
+    else is refused, so a typo cannot silently stop maintenance (or start it)."""
+    raw = env.get("OML_DAGSTER_AUTOSTART", "")
+    value = raw.strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(
+        f"OML_DAGSTER_AUTOSTART={raw!r}: expected 1/true/yes/on or 0/false/no/off (unset: on)"
+    )
 
 
 settings = DeploymentSettings.from_env()

@@ -1,10 +1,12 @@
 """`outbox_sensor`: each tick runs the sequencer's stable-prefix cut, adds a partition for every
-new tenant, and requests one lake-writer run per tenant with sequenced ops not yet drained.
+tenant Postgres knows that the instance does not (with or without pending ops, drained by Dagster
+or only by the CLI: maintenance and evidence schedules iterate the partitions), and requests one
+lake-writer run per tenant with sequenced ops not yet drained.
 
 A tick's cost does not grow with a per-tenant loop of queries: one cut, one aggregate query over
 the sequencer and the frontier cache (and one more for the pending tenants' last drain time), one
-read of the instance's partitions and one of its in-flight lake-writer runs, whatever the tenant
-count.
+listing of the known tenant ids, one read of the instance's partitions and one of its in-flight
+lake-writer runs, whatever the tenant count.
 """
 
 import datetime as dt
@@ -47,6 +49,14 @@ WHERE tenant_id = ANY(%s::uuid[]) GROUP BY tenant_id
 """
 
 
+# Every tenant Postgres knows: each has a policy row from its creation (DESIGN §2), and each
+# tenant that ever had an op sequenced has a sequencer row (covers ops enqueued without a policy).
+_KNOWN_TENANTS = """
+SELECT tenant_id::text FROM oml.tenant_policy
+UNION SELECT tenant_id::text FROM oml.sequencer_tenant
+"""
+
+
 def run_key(
     tenant_id: str, drained_through: int, last_seq: int, drained_at: dt.datetime | None
 ) -> str:
@@ -76,8 +86,8 @@ def tenants_in_flight(instance: DagsterInstance) -> set[str]:
     if settings.autostart
     else DefaultSensorStatus.STOPPED,
     description=(
-        "Sequences the outbox, adds new tenants as partitions and requests one lake-writer run "
-        "per tenant with pending ops."
+        "Sequences the outbox, adds every tenant Postgres knows as a partition and requests one "
+        "lake-writer run per tenant with pending ops."
     ),
 )
 def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) -> SensorResult:
@@ -85,9 +95,10 @@ def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) 
         cut = sequencer.sequence(conn)
         pending = sequencer.pending_tenants(conn)
         drained_at = dict(conn.execute(_DRAINED_AT, ([t for t, _, _ in pending],)).fetchall())
+        tenants = {t for (t,) in conn.execute(_KNOWN_TENANTS)}
 
     known = set(context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME))
-    new = sorted(({t for t, _, _ in pending} | set(cut.tenants)) - known)
+    new = sorted((tenants | {t for t, _, _ in pending} | set(cut.tenants)) - known)
     partitions = known | set(new)
 
     busy = tenants_in_flight(context.instance)

@@ -1,8 +1,10 @@
 """Drain passes: sequence, then one batch per tenant with pending ops; the same loop serves
-`oml-lake drain`, the benchmarks and the tests (the Dagster layer runs one batch per run)."""
+`oml-lake drain`, the benchmarks, the tests and each lake-writer run of the Dagster layer (one
+tenant, until idle or a time cap: ADR 0021)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -20,10 +22,20 @@ from .writer import BatchResult, WriterConfig, drain_tenant
 class DrainPass:
     sequenced: SequencerReport
     batches: list[BatchResult] = field(default_factory=list)
+    # The tenants the drain was asked for (None: every pending tenant). Rows the cut sequenced
+    # for other tenants are not progress here: a run of one tenant must not keep going, idle,
+    # because others are busy.
+    scope: frozenset[str] | None = None
+
+    @property
+    def sequenced_here(self) -> int:
+        if self.scope is None:
+            return self.sequenced.sequenced
+        return sum(c.sequenced for t, c in self.sequenced.tenants.items() if t in self.scope)
 
     @property
     def progressed(self) -> bool:
-        return self.sequenced.sequenced > 0 or any(b.committed or b.refused for b in self.batches)
+        return self.sequenced_here > 0 or any(b.committed or b.refused for b in self.batches)
 
 
 def drain(
@@ -35,18 +47,25 @@ def drain(
     config: WriterConfig | None = None,
     on_pass: Callable[[DrainPass], None] | None = None,
     max_passes: int = 100_000,
+    max_seconds: float | None = None,
 ) -> list[DrainPass]:
-    """Run passes until one neither sequences nor applies anything (or just one pass).
+    """Run passes until one neither sequences nor applies anything (or just one pass), or until
+    a pass ends `max_seconds` after the start (the pass under way always finishes: its batches
+    are committed or not, never cut).
 
     Named tenants are always visited (their Delta logs decide what is left); otherwise the
     tenants the frontier cache shows behind the sequencer are."""
+    if max_seconds is not None and not max_seconds >= 0:
+        raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
+    started = time.monotonic()
+    scope = frozenset(tenants) if tenants else None
     passes: list[DrainPass] = []
     # One fetcher per tenant, so each tenant's next batch is read while its current one commits.
     fetchers: dict[str, Fetcher] = {}
     following: dict[str, Future[Batch] | None] = {}
     try:
         for _ in range(max_passes):
-            current = DrainPass(sequencer.sequence(conn))
+            current = DrainPass(sequencer.sequence(conn), scope=scope)
             targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
             for tenant_id in targets:
                 fetcher = fetchers.get(tenant_id) or fetchers.setdefault(tenant_id, Fetcher(conn))
@@ -66,6 +85,8 @@ def drain(
             # A batch below the lag limit that changes nothing neither commits nor refuses anew,
             # so a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
             if not until_idle or not current.progressed:
+                break
+            if max_seconds is not None and time.monotonic() - started >= max_seconds:
                 break
     finally:
         for fetcher in fetchers.values():
