@@ -198,7 +198,10 @@ CADENCE = dt.timedelta(seconds=1)
 
 
 def test_erasure_evidence_fails_until_vacuum_then_holds(conn, lake):
-    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+    # The promotes' drains supersede silver files before the first check; a bound of a few
+    # seconds keeps them within bound + cadence on a slow machine (and on S3) too.
+    bound = dt.timedelta(seconds=8)
+    keys = producer.create_tenant(conn, erasure_bound=bound)
     tree = make_tree(conn, keys)
     made = [claim(tree.a) for _ in range(3)]
     for c in made:
@@ -221,13 +224,13 @@ def test_erasure_evidence_fails_until_vacuum_then_holds(conn, lake):
     assert silver.erased_rows == 1 and silver.erased_rows_with_body == 0
     assert silver.unreferenced_files >= 1
 
-    past_deadline = drained_at + BOUND + CADENCE + dt.timedelta(seconds=0.5)
+    past_deadline = drained_at + bound + CADENCE + dt.timedelta(seconds=0.5)
     overdue = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=past_deadline)
     assert not overdue.ok
     assert any("silver.claims" in f and "unreferenced data files" in f for f in overdue.findings())
     assert any(f"gold.curated/{tree.a}" in f for f in overdue.findings())
 
-    wait_out(BOUND, drained_at.timestamp())  # VACUUM keeps what was removed within the bound
+    wait_out(bound, drained_at.timestamp())  # VACUUM keeps what was removed within the bound
     maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
     after = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
     assert after.ok, after.findings()
