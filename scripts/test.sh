@@ -19,4 +19,6 @@ fi
 "$VENV/bin/ruff" check oml_dagster oml_dagster_tests bench deploy
 "$VENV/bin/ruff" format --check --quiet oml_dagster oml_dagster_tests bench deploy
 export PATH="$PWD/$VENV/bin:$PATH"
-exec "$VENV/bin/python" -m pytest "$@"
+# Two workers by default (the suite waits on subprocesses, daemons and sleeps as much as it
+# computes); OML_TEST_WORKERS=0 runs it in one process.
+exec "$VENV/bin/python" -m pytest -n "${OML_TEST_WORKERS:-2}" "$@"
