@@ -61,7 +61,7 @@ def cmd_sequence(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
-    config = WriterConfig(max_batch=args.max_batch, txn_lag_limit=max(args.max_batch // 2, 1))
+    config = WriterConfig.for_batch(args.max_batch)
 
     with db.connect(autocommit=True) as conn:
 

@@ -68,12 +68,9 @@ class WriterResource(ConfigurableResource):
         return value
 
     def config(self) -> WriterConfig:
-        default = WriterConfig()
-        max_batch = self.max_batch or int(os.environ.get("OML_MAX_BATCH", default.max_batch))
-        lag_limit = self.txn_lag_limit or int(
-            os.environ.get("OML_TXN_LAG_LIMIT", min(default.txn_lag_limit, max_batch // 2) or 1)
-        )
-        return WriterConfig(max_batch=max_batch, txn_lag_limit=lag_limit)
+        max_batch = self.max_batch or int(os.environ.get("OML_MAX_BATCH", WriterConfig.max_batch))
+        lag_limit = self.txn_lag_limit or os.environ.get("OML_TXN_LAG_LIMIT")
+        return WriterConfig.for_batch(max_batch, int(lag_limit) if lag_limit else None)
 
 
 def build_resources() -> dict:

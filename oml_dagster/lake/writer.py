@@ -88,6 +88,15 @@ class WriterConfig:
         if self.max_batch < 2 or not 0 < self.txn_lag_limit < self.max_batch:
             raise ValueError("need max_batch >= 2 and 0 < txn_lag_limit < max_batch")
 
+    @classmethod
+    def for_batch(cls, max_batch: int, txn_lag_limit: int | None = None) -> WriterConfig:
+        """A config for batches of `max_batch` ops; the txn lag limit, unless given, is the
+        default one, lowered to half a batch for small batches (one rule for the CLI and the
+        Dagster resources)."""
+        if txn_lag_limit is None:
+            txn_lag_limit = min(cls.txn_lag_limit, max_batch // 2) or 1
+        return cls(max_batch=max_batch, txn_lag_limit=txn_lag_limit)
+
 
 @dataclass
 class TableOutcome:
