@@ -9,6 +9,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from .errors import RequeueError
+
 
 @dataclass(frozen=True)
 class DeadLetter:
@@ -59,10 +61,6 @@ def list_dead_letters(
     if not include_requeued:
         query += " AND requeued_at IS NULL"
     return [DeadLetter(*row) for row in conn.execute(query + " ORDER BY seq", params)]
-
-
-class RequeueError(Exception):
-    pass
 
 
 def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) -> int:

@@ -42,3 +42,7 @@ class LostCuratedTable(LakeError):
 class BatchTimeout(LakeError):
     """A batch fold ran past its time bound; the message names the op it was on. Nothing of the
     batch was recorded or committed, so the next run starts it again."""
+
+
+class RequeueError(LakeError):
+    """A dead letter cannot be re-enqueued: there is none with that seq, or it was already."""
