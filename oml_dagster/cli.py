@@ -12,7 +12,7 @@ import sys
 from .lake import analytics_cli, db, deadletter, maintenance_cli, sequencer
 from .lake.doctor import DEFAULT_LAG_LIMIT, examine
 from .lake.drain import DrainPass, drain
-from .lake.erasure import erased_artifacts, erasure_evidence
+from .lake.erasure import DEFAULT_CADENCE, erased_artifacts, erasure_evidence
 from .lake.errors import LakeError
 from .lake.maintenance import known_tenants
 from .lake.reconcile import reconcile
@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--cadence-hours",
         type=float,
-        default=24,
+        default=DEFAULT_CADENCE.total_seconds() / 3600,
         help="maintenance cadence allowed on top of the bound",
     )
     ev.add_argument(
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument(
         "--cadence-hours",
         type=float,
-        default=24,
+        default=DEFAULT_CADENCE.total_seconds() / 3600,
         help="maintenance cadence: an erasure within this of its deadline is at risk",
     )
     dc.add_argument(

@@ -13,6 +13,7 @@ import psycopg
 from dagster import ConfigurableResource
 
 from oml_dagster.lake import db
+from oml_dagster.lake.erasure import DEFAULT_CADENCE
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.writer import WriterConfig
 
@@ -91,7 +92,7 @@ class DeploymentSettings:
     reconcile_cron: str = "30 5 * * *"
     schedule_timezone: str = "UTC"
     # The maintenance cadence the erasure check allows on top of the bound (a daily VACUUM).
-    erasure_cadence_seconds: int = 86400
+    erasure_cadence_seconds: int = int(DEFAULT_CADENCE.total_seconds())
 
     @classmethod
     def from_env(cls) -> DeploymentSettings:
@@ -101,7 +102,9 @@ class DeploymentSettings:
             autostart=autostart_from(env),
             reconcile_cron=env.get("OML_RECONCILE_CRON", "30 5 * * *"),
             schedule_timezone=env.get("OML_SCHEDULE_TIMEZONE", "UTC"),
-            erasure_cadence_seconds=int(env.get("OML_ERASURE_CADENCE_SECONDS", "86400")),
+            erasure_cadence_seconds=int(
+                env.get("OML_ERASURE_CADENCE_SECONDS", cls.erasure_cadence_seconds)
+            ),
         )
 
 
