@@ -413,7 +413,7 @@ def test_schedule_cron_and_timezone_come_from_the_environment():
         "OML_COMPACT_CRON": "15 1 * * *",
         "OML_ZORDER_CRON": "0 5 * * 6",
         "OML_VACUUM_CRON": "*/30 * * * *",
-        "OML_MAINTENANCE_TZ": "Europe/Berlin",
+        "OML_SCHEDULE_TIMEZONE": "Europe/Berlin",
         "OML_DAGSTER_AUTOSTART": "false",
     }
     configured = maintenance_defs.build_schedules(
@@ -425,6 +425,13 @@ def test_schedule_cron_and_timezone_come_from_the_environment():
     with pytest.raises(ValueError, match="OML_DAGSTER_AUTOSTART='sometimes'"):
         maintenance_defs.MaintenanceSchedules.from_env({"OML_DAGSTER_AUTOSTART": "sometimes"})
     assert [s.job_name for s in configured] == ["compact_job", "zorder_job", "vacuum_job"]
+    # The earlier name of the timezone variable still counts; two disagreeing names are refused.
+    earlier = maintenance_defs.MaintenanceSchedules.from_env({"OML_MAINTENANCE_TZ": "Asia/Tokyo"})
+    assert earlier.timezone == "Asia/Tokyo"
+    with pytest.raises(ValueError, match="OML_MAINTENANCE_TZ='UTC' disagree"):
+        maintenance_defs.MaintenanceSchedules.from_env(
+            {"OML_SCHEDULE_TIMEZONE": "Europe/Berlin", "OML_MAINTENANCE_TZ": "UTC"}
+        )
 
 
 def test_maintenance_jobs_run_under_the_tenant_lease_and_report_metadata(conn, dsn, lake):

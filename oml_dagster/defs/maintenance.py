@@ -8,7 +8,8 @@ partition. Cron and timezone come from the environment:
 - OML_COMPACT_CRON (default "0 2 * * *"): bin-pack OPTIMIZE of every table, daily.
 - OML_ZORDER_CRON (default "0 3 * * 0"): Z-order OPTIMIZE, weekly on Sunday.
 - OML_VACUUM_CRON (default "0 4 * * *"): checkpoint, VACUUM and log cleanup, daily.
-- OML_MAINTENANCE_TZ (default "UTC"): the schedules' timezone.
+- OML_SCHEDULE_TIMEZONE (default "UTC"): the timezone of these schedules, as of every other
+  schedule of the code location; OML_MAINTENANCE_TZ, its earlier name, is still read.
 - OML_DAGSTER_AUTOSTART (default on): schedules start RUNNING, so a fresh deployment vacuums
   within the erasure bound without being told to; 0/false/no starts them STOPPED.
 """
@@ -39,7 +40,7 @@ from oml_dagster.lake import maintenance
 from oml_dagster.lake.maintenance import MaintenanceResult
 
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import LakeResource, PostgresResource, autostart_from
+from .resources import LakeResource, PostgresResource, autostart_from, schedule_timezone
 
 
 class OptimizeConfig(Config):
@@ -194,7 +195,7 @@ class MaintenanceSchedules:
             compact_cron=env.get("OML_COMPACT_CRON") or default.compact_cron,
             zorder_cron=env.get("OML_ZORDER_CRON") or default.zorder_cron,
             vacuum_cron=env.get("OML_VACUUM_CRON") or default.vacuum_cron,
-            timezone=env.get("OML_MAINTENANCE_TZ") or default.timezone,
+            timezone=schedule_timezone(env) or default.timezone,
             autostart=autostart_from(env),
         )
 

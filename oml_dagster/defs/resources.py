@@ -101,11 +101,25 @@ class DeploymentSettings:
             sensor_interval_seconds=int(env.get("OML_SENSOR_INTERVAL_SECONDS", "30")),
             autostart=autostart_from(env),
             reconcile_cron=env.get("OML_RECONCILE_CRON", "30 5 * * *"),
-            schedule_timezone=env.get("OML_SCHEDULE_TIMEZONE", "UTC"),
+            schedule_timezone=schedule_timezone(env) or cls.schedule_timezone,
             erasure_cadence_seconds=int(
                 env.get("OML_ERASURE_CADENCE_SECONDS", cls.erasure_cadence_seconds)
             ),
         )
+
+
+def schedule_timezone(env: Mapping[str, str]) -> str | None:
+    """OML_SCHEDULE_TIMEZONE, every schedule's timezone (None: unset). OML_MAINTENANCE_TZ, the
+    maintenance schedules' earlier name for it, is still read; both set and different is
+    refused, since the schedules would disagree about what "nightly" means."""
+    current = env.get("OML_SCHEDULE_TIMEZONE") or None
+    earlier = env.get("OML_MAINTENANCE_TZ") or None
+    if current and earlier and current != earlier:
+        raise ValueError(
+            f"OML_SCHEDULE_TIMEZONE={current!r} and OML_MAINTENANCE_TZ={earlier!r} disagree; "
+            "set OML_SCHEDULE_TIMEZONE only"
+        )
+    return current or earlier
 
 
 def autostart_from(env: Mapping[str, str]) -> bool:
