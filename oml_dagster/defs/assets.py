@@ -9,6 +9,7 @@ dependencies are the data's lineage as an operator reads it (outbox → bronze/s
 an execution order: the core owns the commit order.
 """
 
+from collections import Counter
 from collections.abc import Iterator
 
 import psycopg
@@ -230,16 +231,18 @@ def _commit_counts(
 
 
 def _summary(passes: list[DrainPass], results: list[BatchResult], metadata: dict) -> str:
-    written: dict[str, list[int]] = {}
+    commits: Counter[str] = Counter()
+    rows: Counter[str] = Counter()
     for t in (t for r in results for t in r.tables):
-        commits, rows = written.setdefault(t.table, [0, 0])
-        written[t.table] = [commits + (t.action in ("committed", "txn-only")), rows + t.rows]
-    tables = ", ".join(f"{name} {c} commits {rows} rows" for name, (c, rows) in written.items())
+        commits[t.table] += t.action in ("committed", "txn-only")
+        rows[t.table] += t.rows
+    tables = ", ".join(f"{name} {commits[name]} commits {rows[name]} rows" for name in rows)
+    run = next(iter(metadata.values()))  # the run's bounds and counts, the same for every table
     lag_ops = max((m.get("lag_ops", 0) for m in metadata.values()), default=0)
     return (
-        f"tenant {results[0].tenant_id} run ({results[0].batch_start}, {results[-1].batch_end}]: "
-        f"{sum(1 for r in results if r.ops)} batches in {len(passes)} passes, "
-        f"{sum(p.sequenced_here for p in passes)} ops sequenced, {sum(r.ops for r in results)} "
+        f"tenant {results[0].tenant_id} run ({run['batch_start']}, {run['batch_end']}]: "
+        f"{run['batches']} batches in {len(passes)} passes, "
+        f"{sum(p.sequenced_here for p in passes)} ops sequenced, {run['ops_in_batch']} "
         f"ops; {tables or 'nothing pending'}; lag {lag_ops} ops"
     )
 

@@ -5,6 +5,7 @@ settings below."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,20 +53,15 @@ class WriterResource(ConfigurableResource):
     run_drain_seconds: float | None = None
 
     def drain_seconds(self) -> float:
-        if self.run_drain_seconds is not None:
-            value = self.run_drain_seconds
-        else:
-            raw = os.environ.get("OML_RUN_DRAIN_SECONDS", "").strip()
-            if not raw:
-                return DEFAULT_RUN_DRAIN_SECONDS
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ValueError(
-                    f"OML_RUN_DRAIN_SECONDS={raw!r}: expected seconds (a number >= 0)"
-                ) from None
-        if not value >= 0 or value == float("inf"):
-            raise ValueError(f"OML_RUN_DRAIN_SECONDS={value!r}: expected seconds (a number >= 0)")
+        raw = self.run_drain_seconds
+        if raw is None:
+            raw = os.environ.get("OML_RUN_DRAIN_SECONDS", "").strip() or DEFAULT_RUN_DRAIN_SECONDS
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"OML_RUN_DRAIN_SECONDS={raw!r}: expected seconds (a number >= 0)")
         return value
 
     def config(self) -> WriterConfig:
@@ -98,9 +94,11 @@ class DeploymentSettings:
     def from_env(cls) -> DeploymentSettings:
         env = os.environ
         return cls(
-            sensor_interval_seconds=int(env.get("OML_SENSOR_INTERVAL_SECONDS", "30")),
+            sensor_interval_seconds=int(
+                env.get("OML_SENSOR_INTERVAL_SECONDS", cls.sensor_interval_seconds)
+            ),
             autostart=autostart_from(env),
-            reconcile_cron=env.get("OML_RECONCILE_CRON", "30 5 * * *"),
+            reconcile_cron=env.get("OML_RECONCILE_CRON", cls.reconcile_cron),
             schedule_timezone=schedule_timezone(env) or cls.schedule_timezone,
             erasure_cadence_seconds=int(
                 env.get("OML_ERASURE_CADENCE_SECONDS", cls.erasure_cadence_seconds)

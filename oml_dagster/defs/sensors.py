@@ -94,24 +94,24 @@ def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) 
     with postgres.connect() as conn:
         cut = sequencer.sequence(conn)
         pending = sequencer.pending_tenants(conn)
-        drained_at = dict(conn.execute(_DRAINED_AT, ([t for t, _, _ in pending],)).fetchall())
+        pending_ids = {t for t, _, _ in pending}
+        drained_at = dict(conn.execute(_DRAINED_AT, (sorted(pending_ids),)).fetchall())
         tenants = {t for (t,) in conn.execute(_KNOWN_TENANTS)}
 
     # One listing of the partitions, through the tick's caching loader when it has one: Dagster
     # checks each run request's partition key against that loader, one storage query per key
-    # unless the loader already knows it (1,000 pending tenants: 1,000 queries, seconds).
+    # unless the loader already knows it (1,000 pending tenants: 1,000 queries, seconds), so the
+    # pending keys are told to it in one bounded query.
     loader = context.caching_dynamic_partitions_loader
     known = set(
         loader.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
         if loader is not None
         else context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
     )
-    new = sorted((tenants | {t for t, _, _ in pending} | set(cut.tenants)) - known)
+    new = sorted((tenants | pending_ids | set(cut.tenants)) - known)
     partitions = known | set(new)
     if loader is not None:
-        loader.get_existing_dynamic_partitions(
-            TENANT_PARTITIONS_NAME, sorted(known & {t for t, _, _ in pending})
-        )
+        loader.get_existing_dynamic_partitions(TENANT_PARTITIONS_NAME, sorted(known & pending_ids))
 
     busy = tenants_in_flight(context.instance)
     requests = [
