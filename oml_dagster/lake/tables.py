@@ -25,6 +25,11 @@ STRING_LIST = pa.list_(pa.field("element", pa.string(), nullable=False))
 
 APP_ID = "oml-lakewriter"
 CHECKPOINT_INTERVAL = 100
+# Target data file size of the tables retracts MERGE (silver, curated): a copy-on-write retract
+# rewrites every file holding a touched row, so its cost follows the file size, not the table
+# size (decision 0026). Writes, MERGE rewrites, compaction and Z-order all read it from the
+# table property `delta.targetFileSize`.
+REWRITE_TARGET_FILE_SIZE = 8 * 2**20
 
 
 def _col(name: str, type_: pa.DataType, nullable: bool = False) -> pa.Field:
@@ -43,6 +48,8 @@ class TableSpec:
     # Columns holding ciphertext: no Parquet statistics, no Delta log statistics.
     body_columns: tuple[str, ...] = ()
     zorder_by: tuple[str, ...] = field(default=())
+    # `delta.targetFileSize` in bytes (None: delta-rs's default, about 100 MiB).
+    target_file_size: int | None = None
 
     @cached_property
     def columns(self) -> tuple[str, ...]:
@@ -60,6 +67,8 @@ class TableSpec:
         if self.body_columns:
             stats = [c for c in self.columns if c not in self.body_columns]
             config["delta.dataSkippingStatsColumns"] = ",".join(stats)
+        if self.target_file_size is not None:
+            config["delta.targetFileSize"] = str(self.target_file_size)
         return config
 
 
@@ -126,6 +135,7 @@ SILVER_CLAIMS = TableSpec(
     merge_key=("artifact_id", "version"),
     body_columns=("body_ciphertext",),
     zorder_by=("workarea_id", "artifact_id"),
+    target_file_size=REWRITE_TARGET_FILE_SIZE,
 )
 
 GOLD_LINEAGE = TableSpec(
@@ -182,6 +192,7 @@ GOLD_CURATED = TableSpec(
     merge_key=("artifact_id", "version"),
     body_columns=("body_ciphertext",),
     zorder_by=("workarea_id", "artifact_id"),
+    target_file_size=REWRITE_TARGET_FILE_SIZE,
 )
 
 # Tables every tenant has (curated tables appear per validated workarea).
