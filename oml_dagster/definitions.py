@@ -14,11 +14,12 @@ from oml_dagster.defs.jobs import lake_writer_job
 from oml_dagster.defs.maintenance import MAINTENANCE_JOBS, MAINTENANCE_SCHEDULES
 from oml_dagster.defs.resources import build_resources
 from oml_dagster.defs.sensors import outbox_sensor
+from oml_dagster.defs.shards import lake_writer_shard_job
 
 defs = Definitions(
     assets=[outbox, lake_tables, erasure_evidence_asset, *ANALYTICS_ASSETS],
     asset_checks=[*LAKE_CHECKS, *ANALYTICS_CHECKS],
-    jobs=[lake_writer_job, *MAINTENANCE_JOBS, lake_analytics_job],
+    jobs=[lake_writer_job, lake_writer_shard_job, *MAINTENANCE_JOBS, lake_analytics_job],
     sensors=[outbox_sensor],
     schedules=[reconcile_schedule, *MAINTENANCE_SCHEDULES, daily_analytics_schedule],
     resources=build_resources(),

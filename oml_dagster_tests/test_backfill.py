@@ -39,6 +39,8 @@ def test_backfill_rebuilds_a_deleted_tenant_prefix(conn, lake, tmp_path, monkeyp
             DAGSTER_HOME=str(home),
             OML_DAGSTER_AUTOSTART="1",
             OML_SENSOR_INTERVAL_SECONDS="5",
+            # The sensor's runs are one per tenant here (shard runs: test_shards.py).
+            OML_DRAIN_SHARDS="0",
             **pg,
         )
         for name, value in {"DAGSTER_HOME": str(home), **pg}.items():

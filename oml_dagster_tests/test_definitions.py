@@ -127,6 +127,7 @@ def test_jobs_are_pinned(repo):
     names = {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")}
     expected = {
         "lake_writer_job",
+        "lake_writer_shard_job",
         "lake_analytics_job",
         *(j.name for j in maintenance.MAINTENANCE_JOBS),
     }
@@ -140,18 +141,20 @@ def test_jobs_are_pinned(repo):
         k.to_user_string() for k in analytics_job.asset_layer.selected_asset_keys
     } == ANALYTICS_ASSETS
     assert job.partitions_def.name == TENANT_PARTITIONS_NAME
-    # Every tenant-touching job is tenant-partitioned, so the per-tenant run limit holds for it.
+    # Every tenant-touching job is tenant-partitioned, so the per-tenant run limit holds for it;
+    # the shard job's runs name their shard instead (oml/shard, limited in dagster.yaml).
     for j in repo.get_all_jobs():
-        if not j.name.startswith("__"):
+        if not j.name.startswith("__") and j.name != "lake_writer_shard_job":
             assert j.partitions_def is not None, j.name
             assert j.partitions_def.name == TENANT_PARTITIONS_NAME, j.name
+    assert repo.get_job("lake_writer_shard_job").executor_def.name == "in_process"
 
 
 def test_sensors_and_schedules_are_pinned(repo):
     sensors = {s.name: s for s in repo.sensor_defs}
     assert set(sensors) == {"outbox_sensor"}
     sensor = sensors["outbox_sensor"]
-    assert sensor.job_name == "lake_writer_job"
+    assert {t.job_name for t in sensor.targets} == {"lake_writer_job", "lake_writer_shard_job"}
     assert sensor.minimum_interval_seconds == 30
     # Production defaults keep the promises: the sensor and every schedule start running.
     assert sensor.default_status == DefaultSensorStatus.RUNNING
@@ -266,7 +269,8 @@ def test_instance_file_sets_the_lease():
     runs = config["concurrency"]["runs"]
     assert isinstance(runs["max_concurrent_runs"], int)
     assert runs["tag_concurrency_limits"] == [
-        {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+        {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
+        {"key": "oml/shard", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
     ]
     # The run coordinator's own limits would conflict with (and be refused next to) this block.
     assert "max_concurrent_runs" not in config["run_coordinator"].get("config", {})

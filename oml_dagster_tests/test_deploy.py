@@ -320,8 +320,10 @@ def test_each_dagster_yaml_loads_with_the_cap_and_the_lease(variant, dsn, tmp_pa
         limits = instance.get_concurrency_config().run_queue_config
         root = yaml.safe_load((REPO / "dagster.yaml").read_text())["concurrency"]["runs"]
         assert limits.max_concurrent_runs == root["max_concurrent_runs"]
+        # The lease: one run per tenant, and one per shard of tenants (ADR 0027).
         assert limits.tag_concurrency_limits == [
-            {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+            {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
+            {"key": "oml/shard", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
         ]
         assert instance.get_runs() == []  # the storage answers
 

@@ -4,6 +4,7 @@ none twice for the same batch."""
 
 from __future__ import annotations
 
+import pytest
 from dagster import (
     AssetKey,
     DagsterRunStatus,
@@ -27,6 +28,12 @@ from oml_dagster.simulate import producer
 from .dagster_support import delete_tenant_prefix, more_acts, seed_tenant
 
 OUTBOX = AssetKey(["postgres", "outbox"])
+
+
+@pytest.fixture(autouse=True)
+def run_per_tenant(monkeypatch):
+    """These ticks are the sensor's run-per-tenant mode; shard runs: test_shards.py."""
+    monkeypatch.setenv("OML_DRAIN_SHARDS", "0")
 
 
 def tick(defs, instance):

@@ -40,6 +40,9 @@ class LakeResource(ConfigurableResource):
 
 # How long one lake-writer run keeps sequencing and draining its tenant (ADR 0021).
 DEFAULT_RUN_DRAIN_SECONDS = 60.0
+# Shard runs the outbox sensor keeps under load (ADR 0027): half of dagster.yaml's run slots,
+# leaving the rest for maintenance, the reconciler and backfills.
+DEFAULT_DRAIN_SHARDS = 4
 
 
 class WriterResource(ConfigurableResource):
@@ -51,6 +54,21 @@ class WriterResource(ConfigurableResource):
     max_batch: int | None = None
     txn_lag_limit: int | None = None
     run_drain_seconds: float | None = None
+    drain_shards: int | None = None
+
+    def shards(self) -> int:
+        """How many shard runs the outbox sensor keeps (ADR 0027); 0: one run per tenant.
+        From the field, else OML_DRAIN_SHARDS, else DEFAULT_DRAIN_SHARDS."""
+        raw = self.drain_shards
+        if raw is None:
+            raw = os.environ.get("OML_DRAIN_SHARDS", "").strip() or DEFAULT_DRAIN_SHARDS
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise ValueError(f"OML_DRAIN_SHARDS={raw!r}: expected a whole number >= 0")
+        return value
 
     def drain_seconds(self) -> float:
         raw = self.run_drain_seconds

@@ -10,12 +10,12 @@ lake-writer runs, whatever the tenant count.
 """
 
 import datetime as dt
+import hashlib
 
 from dagster import (
     AssetMaterialization,
     AssetObservation,
     DagsterInstance,
-    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
     RunsFilter,
@@ -29,17 +29,8 @@ from oml_dagster.lake import sequencer
 from .assets import OUTBOX
 from .jobs import LAKE_ASSET_KEYS, lake_writer_job
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import PostgresResource, settings
-
-PARTITION_TAG = "dagster/partition"
-IN_FLIGHT = [
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.CANCELING,
-]
-
+from .resources import PostgresResource, WriterResource, settings
+from .shards import IN_FLIGHT, PARTITION_TAG, SHARD_TAG, lake_writer_shard_job, shard_of, shard_tag
 
 # When each pending tenant's last drain finished (any table's frontier row is written by every
 # completed run, whatever it committed). One aggregate query over the pending tenants.
@@ -78,19 +69,59 @@ def tenants_in_flight(instance: DagsterInstance) -> set[str]:
     return {run.tags[PARTITION_TAG] for run in runs if PARTITION_TAG in run.tags}
 
 
+def shards_in_flight(instance: DagsterInstance) -> set[str]:
+    """`oml/shard` tags of the shard runs queued or running, from one query of the run storage."""
+    runs = instance.get_runs(RunsFilter(job_name=lake_writer_shard_job.name, statuses=IN_FLIGHT))
+    return {run.tags[SHARD_TAG] for run in runs if SHARD_TAG in run.tags}
+
+
+def shard_requests(
+    instance: DagsterInstance,
+    pending: list[tuple[str, int, int]],
+    drained_at: dict,
+    shards: int,
+) -> list[RunRequest]:
+    """One shard run per shard with pending tenants and no run in flight. The key is the shard
+    and its pending tenants' batch keys (`run_key`), so it changes whenever one of them moves."""
+    members: dict[int, list[str]] = {}
+    for tenant_id, last_seq, drained in pending:
+        key = run_key(tenant_id, drained, last_seq, drained_at.get(tenant_id))
+        members.setdefault(shard_of(tenant_id, shards), []).append(key)
+    busy = shards_in_flight(instance)
+    requests = []
+    for shard, keys in sorted(members.items()):
+        tag = shard_tag(shard, shards)
+        if tag in busy:
+            continue
+        digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:24]
+        requests.append(
+            RunRequest(
+                job_name=lake_writer_shard_job.name,
+                run_key=f"shard:{tag}:{digest}",
+                run_config={"ops": {"drain_shard": {"config": {"shard": shard, "shards": shards}}}},
+                tags={SHARD_TAG: tag, "oml/pending_tenants": str(len(keys))},
+            )
+        )
+    return requests
+
+
 @sensor(
     name="outbox_sensor",
-    job=lake_writer_job,
+    jobs=[lake_writer_job, lake_writer_shard_job],
     minimum_interval_seconds=settings.sensor_interval_seconds,
     default_status=DefaultSensorStatus.RUNNING
     if settings.autostart
     else DefaultSensorStatus.STOPPED,
     description=(
-        "Sequences the outbox, adds every tenant Postgres knows as a partition and requests one "
-        "lake-writer run per tenant with pending ops."
+        "Sequences the outbox, adds every tenant Postgres knows as a partition and requests "
+        "one run per shard of tenants with pending ops (OML_DRAIN_SHARDS), or one lake-writer "
+        "run per tenant with pending ops when that is 0."
     ),
 )
-def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) -> SensorResult:
+def outbox_sensor(
+    context: SensorEvaluationContext, postgres: PostgresResource, writer: WriterResource
+) -> SensorResult:
+    shards = writer.shards()
     with postgres.connect() as conn:
         cut = sequencer.sequence(conn)
         pending = sequencer.pending_tenants(conn)
@@ -113,18 +144,22 @@ def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) 
     if loader is not None:
         loader.get_existing_dynamic_partitions(TENANT_PARTITIONS_NAME, sorted(known & pending_ids))
 
-    busy = tenants_in_flight(context.instance)
-    requests = [
-        RunRequest(
-            run_key=run_key(tenant_id, drained, last_seq, drained_at.get(tenant_id)),
-            partition_key=tenant_id,
-            asset_selection=LAKE_ASSET_KEYS,
-            asset_check_keys=[],
-            tags={"oml/drained_through": str(drained), "oml/last_seq": str(last_seq)},
-        )
-        for tenant_id, last_seq, drained in pending
-        if tenant_id not in busy
-    ]
+    if shards:
+        requests = shard_requests(context.instance, pending, drained_at, shards)
+    else:
+        busy = tenants_in_flight(context.instance)
+        requests = [
+            RunRequest(
+                job_name=lake_writer_job.name,
+                run_key=run_key(tenant_id, drained, last_seq, drained_at.get(tenant_id)),
+                partition_key=tenant_id,
+                asset_selection=LAKE_ASSET_KEYS,
+                asset_check_keys=[],
+                tags={"oml/drained_through": str(drained), "oml/last_seq": str(last_seq)},
+            )
+            for tenant_id, last_seq, drained in pending
+            if tenant_id not in busy
+        ]
 
     events: list[AssetMaterialization | AssetObservation] = [
         AssetMaterialization(
@@ -158,10 +193,13 @@ def outbox_sensor(context: SensorEvaluationContext, postgres: PostgresResource) 
                 )
             )
 
-    waiting = len(pending) - len(requests)
+    if shards:
+        waiting = f"{len(pending)} tenants pending over {shards} shards"
+    else:
+        waiting = f"{len(pending) - len(requests)} tenants pending behind an in-flight run"
     context.log.info(
         f"sequenced {cut.sequenced} rows for {len(cut.tenants)} tenants; {len(new)} new tenants; "
-        f"{len(requests)} runs requested; {waiting} tenants pending behind an in-flight run"
+        f"{len(requests)} runs requested; {waiting}"
     )
     if not requests and not new and not events:
         return SensorResult(skip_reason="no pending ops")

@@ -22,16 +22,17 @@ from .writer import BatchResult, WriterConfig, drain_tenant
 class DrainPass:
     sequenced: SequencerReport
     batches: list[BatchResult] = field(default_factory=list)
-    # The tenants the drain was asked for (None: every pending tenant). Rows the cut sequenced
-    # for other tenants are not progress here: a run of one tenant must not keep going, idle,
-    # because others are busy.
-    scope: frozenset[str] | None = None
+    # The tenants the drain was asked for, as a set or a membership test (None: every pending
+    # tenant). Rows the cut sequenced for other tenants are not progress here: a run of one
+    # tenant (or one shard) must not keep going, idle, because others are busy.
+    scope: frozenset[str] | Callable[[str], bool] | None = None
 
     @property
     def sequenced_here(self) -> int:
         if self.scope is None:
             return self.sequenced.sequenced
-        return sum(c.sequenced for t, c in self.sequenced.tenants.items() if t in self.scope)
+        holds = self.scope.__contains__ if isinstance(self.scope, frozenset) else self.scope
+        return sum(c.sequenced for t, c in self.sequenced.tenants.items() if holds(t))
 
     @property
     def progressed(self) -> bool:
@@ -48,17 +49,21 @@ def drain(
     on_pass: Callable[[DrainPass], None] | None = None,
     max_passes: int = 100_000,
     max_seconds: float | None = None,
+    owns: Callable[[str], bool] | None = None,
+    skip: Callable[[], set[str]] | None = None,
 ) -> list[DrainPass]:
     """Run passes until one neither sequences nor applies anything (or just one pass), or until
     a pass ends `max_seconds` after the start (the pass under way always finishes: its batches
     are committed or not, never cut).
 
     Named tenants are always visited (their Delta logs decide what is left); otherwise the
-    tenants the frontier cache shows behind the sequencer are."""
+    tenants the frontier cache shows behind the sequencer are, those `owns` accepts when given
+    (a shard of tenants: only their rows count as progress). `skip()`, asked once per pass,
+    names tenants to leave alone in that pass (another run writes them)."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
     started = time.monotonic()
-    scope = frozenset(tenants) if tenants else None
+    scope: frozenset[str] | Callable[[str], bool] | None = frozenset(tenants) if tenants else owns
     passes: list[DrainPass] = []
     # One fetcher per tenant, so each tenant's next batch is read while its current one commits.
     fetchers: dict[str, Fetcher] = {}
@@ -67,6 +72,11 @@ def drain(
         for _ in range(max_passes):
             current = DrainPass(sequencer.sequence(conn), scope=scope)
             targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
+            if owns is not None and not tenants:
+                targets = [t for t in targets if owns(t)]
+            if skip is not None and targets:
+                busy = skip()
+                targets = [t for t in targets if t not in busy]
             for tenant_id in targets:
                 fetcher = fetchers.get(tenant_id) or fetchers.setdefault(tenant_id, Fetcher(conn))
                 result = drain_tenant(

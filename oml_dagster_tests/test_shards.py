@@ -1,0 +1,215 @@
+"""Shard runs (ADR 0027): the outbox sensor keeps one run per shard of tenants; a shard run
+drains only its shard's pending tenants, leaves alone a tenant another run holds, and reports
+each tenant's commits to that tenant's partition. Real Postgres, real Delta tables, a real
+(temporary) Dagster instance; the last test runs a real `dagster-daemon`."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oml_dagster.defs.assets import TABLE_OF
+from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+from oml_dagster.defs.resources import LakeResource, PostgresResource, WriterResource
+from oml_dagster.defs.shards import SHARD_TAG, shard_of
+from oml_dagster.lake.drain import drain
+from oml_dagster.lake.storage import tenant_tables
+
+from .dagster_support import (
+    BIN,
+    REPO,
+    background,
+    dagster_home,
+    fresh_database,
+    more_acts,
+    seed_tenant,
+    subprocess_env,
+    wait_for,
+)
+from .test_sensor import add_run
+
+SILVER = AssetKey(["silver", "claims"])
+
+
+def resources(shards: int) -> dict:
+    return {
+        "postgres": PostgresResource(),
+        "lake": LakeResource(),
+        "writer": WriterResource(drain_shards=shards, run_drain_seconds=5),
+    }
+
+
+def tick(defs, instance, shards: int):
+    sensor = defs.get_sensor_def("outbox_sensor")
+    with build_sensor_context(
+        instance_ref=instance.get_ref(), definitions=defs, resources=resources(shards)
+    ) as context:
+        data = sensor.evaluate_tick(context)
+    for request in data.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return data
+
+
+def tenants_of_shards(conn, lake, shards: int, want: dict[int, int]) -> dict[int, list]:
+    """Seeded tenants, `want[k]` of them in shard k (tenant ids are random: draw until found)."""
+    found: dict[int, list] = {k: [] for k in want}
+    while any(len(found[k]) < n for k, n in want.items()):
+        work = seed_tenant(conn)
+        k = shard_of(work.tenant_id, shards)
+        if k in found and len(found[k]) < want[k]:
+            found[k].append(work)
+        else:  # drained away so it does not count as pending
+            drain(conn, lake, [work.tenant_id], until_idle=True)
+    return found
+
+
+@given(st.uuids(), st.integers(min_value=1, max_value=64))
+def test_every_tenant_is_in_exactly_one_shard(tenant, shards):
+    tenant_id = str(tenant)
+    k = shard_of(tenant_id, shards)
+    assert 0 <= k < shards
+    assert [s for s in range(shards) if shard_of(tenant_id, shards) == s] == [k]
+    assert shard_of(tenant_id, shards) == k  # stable
+
+
+def test_shards_spread_tenants_evenly():
+    shards = 8
+    counts = [0] * shards
+    for i in range(8000):
+        counts[shard_of(str(uuid.UUID(int=i * 7919 + 13, version=4)), shards)] += 1
+    assert min(counts) > 800 and max(counts) < 1200, counts
+
+
+def test_the_sensor_requests_one_run_per_shard_with_pending_tenants(conn, lake, defs, instance):
+    by_shard = tenants_of_shards(conn, lake, 3, {0: 2, 2: 1})
+
+    data = tick(defs, instance, 3)
+
+    runs = {r.tags[SHARD_TAG]: r for r in data.run_requests}
+    assert set(runs) == {"0/3", "2/3"}, runs
+    for tag, request in runs.items():
+        assert request.job_name == "lake_writer_shard_job"
+        config = request.run_config["ops"]["drain_shard"]["config"]
+        assert (config["shard"], config["shards"]) == (int(tag[0]), 3)
+        assert request.tags["oml/pending_tenants"] == str(len(by_shard[int(tag[0])]))
+    # Every tenant is a partition, whatever the run mode.
+    partitions = set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME))
+    assert {w.tenant_id for ws in by_shard.values() for w in ws} <= partitions
+
+    # The same pending state asks under the same keys; a shard whose run is in flight is not
+    # asked for again.
+    again = tick(defs, instance, 3)
+    assert {r.run_key for r in again.run_requests} == {r.run_key for r in runs.values()}
+    add_shard_run(instance, "0/3", DagsterRunStatus.STARTED)
+    busy = tick(defs, instance, 3)
+    assert {r.tags[SHARD_TAG] for r in busy.run_requests} == {"2/3"}
+
+    # The per-tenant mode is still there: 0 shards, one lake-writer run per tenant.
+    per_tenant = tick(defs, instance, 0)
+    assert {r.job_name for r in per_tenant.run_requests} == {"lake_writer_job"}
+    assert len(per_tenant.run_requests) == 3
+
+
+def add_shard_run(instance, tag: str, status: DagsterRunStatus):
+    run = add_run(instance, "unused", status, job="lake_writer_shard_job")
+    instance.add_run_tags(run.run_id, {SHARD_TAG: tag})
+    return run
+
+
+def test_a_shard_run_drains_its_tenants_only_and_reports_each_partition(conn, lake, defs, instance):
+    by_shard = tenants_of_shards(conn, lake, 2, {0: 3, 1: 1})
+    mine, held = by_shard[0][:2], by_shard[0][2]
+    other = by_shard[1][0]
+    tick(defs, instance, 2)  # partitions for every tenant
+    # A backfill of one of the shard's tenants is running: the shard run leaves it alone.
+    add_run(instance, held.tenant_id, DagsterRunStatus.STARTED)
+
+    job = defs.resolve_job_def("lake_writer_shard_job")
+    result = job.execute_in_process(
+        run_config={"ops": {"drain_shard": {"config": {"shard": 0, "shards": 2}}}},
+        instance=instance,
+        resources=resources(2),
+    )
+
+    assert result.success
+    for work in mine:
+        assert len(list(tenant_tables(lake, work.tenant_id))) == 5, work.tenant_id
+    for untouched in (held, other):
+        assert not list(tenant_tables(lake, untouched.tenant_id))
+    for key in TABLE_OF:
+        materialized = instance.get_materialized_partitions(key)
+        assert materialized == {w.tenant_id for w in mine}, key
+    records = instance.fetch_materializations(SILVER, limit=10).records
+    by_partition = {r.partition_key: r.asset_materialization.metadata for r in records}
+    for work in mine:
+        meta = by_partition[work.tenant_id]
+        assert meta["ops_dead_lettered"].value == work.bad_ops
+        assert meta["lag_ops"].value == 0
+        assert meta["batches"].value >= 1
+
+
+def test_a_bad_shard_setting_is_refused(monkeypatch):
+    for bad in ("-2", "four", "1.5"):
+        monkeypatch.setenv("OML_DRAIN_SHARDS", bad)
+        with pytest.raises(ValueError, match=f"OML_DRAIN_SHARDS='{bad}'"):
+            WriterResource().shards()
+    monkeypatch.setenv("OML_DRAIN_SHARDS", "0")
+    assert WriterResource().shards() == 0
+    monkeypatch.delenv("OML_DRAIN_SHARDS")
+    assert WriterResource().shards() == 4
+    assert WriterResource(drain_shards=2).shards() == 2
+
+
+def test_the_daemon_keeps_shard_runs_that_drain_every_tenant(conn, lake, tmp_path, monkeypatch):
+    """The default deployment: a real daemon on the repository's dagster.yaml launches shard
+    runs (no run per tenant); every tenant's lake is drained and materialized on its partition,
+    and ops that arrive later are drained by later shard runs."""
+    works = [seed_tenant(conn) for _ in range(3)]
+    with fresh_database("oml_dagster_shards") as pg:
+        home = dagster_home(tmp_path / "dagster_home")
+        env = subprocess_env(
+            DAGSTER_HOME=str(home),
+            OML_DAGSTER_AUTOSTART="1",
+            OML_SENSOR_INTERVAL_SECONDS="5",
+            OML_RUN_DRAIN_SECONDS="3",
+            **pg,
+        )
+        env.pop("OML_DRAIN_SHARDS", None)  # the default
+        for name, value in {"DAGSTER_HOME": str(home), **pg}.items():
+            monkeypatch.setenv(name, value)
+        instance = DagsterInstance.get()
+        daemon = [str(BIN / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")]
+
+        def drained() -> bool:
+            return all(
+                instance.get_materialized_partitions(SILVER) >= {w.tenant_id for w in works}
+                for _ in [0]
+            )
+
+        with background(daemon, env, tmp_path / "daemon.log"):
+            wait_for(drained, timeout=120, interval=1, what="every tenant drained by shard runs")
+            more_acts(conn, works[0], n=2)
+            before = len(instance.get_runs(RunsFilter(job_name="lake_writer_shard_job")))
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM oml.outbox o WHERE o.tenant_id = %s AND (o.seq IS NULL"
+                        " OR o.seq > (SELECT min(batch_end) FROM oml.lake_frontier f"
+                        " WHERE f.tenant_id = o.tenant_id AND f.table_name NOT LIKE 'gold.curated/%%'))",
+                        (works[0].tenant_id,),
+                    ).fetchone()[0]
+                    == 0
+                ),
+                timeout=90,
+                interval=1,
+                what="the later ops drained",
+            )
+        runs = instance.get_runs(RunsFilter(job_name="lake_writer_shard_job"))
+        assert len(runs) > before >= 1
+        assert not instance.get_runs(RunsFilter(job_name="lake_writer_job"))
+        assert all(r.tags.get(SHARD_TAG, "").endswith("/4") for r in runs)
+        assert {r.status for r in runs} <= {DagsterRunStatus.SUCCESS, DagsterRunStatus.STARTED}
