@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -65,8 +66,11 @@ def drain(
     started = time.monotonic()
     scope: frozenset[str] | Callable[[str], bool] | None = frozenset(tenants) if tenants else owns
     passes: list[DrainPass] = []
-    # One fetcher per tenant, so each tenant's next batch is read while its current one commits.
-    fetchers: dict[str, Fetcher] = {}
+    # One fetcher (one ADBC connection) for every tenant: a connection per tenant would hold
+    # one Postgres connection per tenant of a shard for the whole run. Each tenant's next batch
+    # is read on the fetcher's thread while its current one commits; the main thread waits for
+    # that read before the connection fetches for another tenant.
+    fetcher: Fetcher | None = None
     following: dict[str, Future[Batch] | None] = {}
     try:
         for _ in range(max_passes):
@@ -78,7 +82,8 @@ def drain(
                 busy = skip()
                 targets = [t for t in targets if t not in busy]
             for tenant_id in targets:
-                fetcher = fetchers.get(tenant_id) or fetchers.setdefault(tenant_id, Fetcher(conn))
+                fetcher = fetcher or Fetcher(conn)
+                futures.wait([f for f in following.values() if f is not None])
                 result = drain_tenant(
                     conn,
                     lake,
@@ -99,6 +104,6 @@ def drain(
             if max_seconds is not None and time.monotonic() - started >= max_seconds:
                 break
     finally:
-        for fetcher in fetchers.values():
+        if fetcher is not None:
             fetcher.close()
     return passes
