@@ -28,6 +28,9 @@ class KeyedWork:
     txn: int
     rows: dict[Key, Row] = field(default_factory=dict)
     changed: set[Key] = field(default_factory=set)
+    # Keys the prefetch looked for in the table version the fold started from and did not find:
+    # rows with only such keys can be appended instead of MERGEd.
+    absent: set[Key] = field(default_factory=set)
 
     def key_of(self, row: Row) -> Key:
         return tuple(row[c] for c in self.spec.merge_key)
@@ -54,6 +57,14 @@ class KeyedWork:
     def load(self, rows: Iterable[Row]) -> None:
         for row in rows:
             self.rows.setdefault(self.key_of(row), row)
+
+    def looked_for(self, keys: Iterable[Key]) -> None:
+        """Record that the table was searched for `keys` (after `load` of what it holds)."""
+        self.absent.update(k for k in keys if k not in self.rows)
+
+    def only_new(self, rows: Iterable[Row]) -> bool:
+        """Whether every row's key is one the table version the fold read did not hold."""
+        return all(self.key_of(r) in self.absent for r in rows)
 
     def output(self, above: int) -> list[Row]:
         """Final rows changed by ops with seq above `above` (the table's txn at commit time)."""

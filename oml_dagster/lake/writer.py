@@ -255,11 +255,13 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
         if keys:
             rows = read_rows(silver, SILVER_CLAIMS, sql_in("artifact_id", {k[0] for k in keys}))
             state.silver.load(r for r in rows if (r["artifact_id"], r["version"]) in keys)
+            state.silver.looked_for(keys)
 
     lineage = handles[GOLD_LINEAGE.name].table
     if lineage is not None and (edge_ids or sims):
         condition = f"{sql_in('edge_id', edge_ids)} OR {sql_in('simulation_id', sims)}"
         state.lineage.load(read_rows(lineage, GOLD_LINEAGE, condition))
+        state.lineage.looked_for((e,) for e in edge_ids)
 
     # Curated rows a demote, erase or repair reaches: routed by the silver row's workarea.
     retracted = {
@@ -307,7 +309,10 @@ def _write(
     data: pa.Table,
     props: CommitProperties,
     configuration: dict[str, str],
+    inserts_only: bool = False,
 ) -> None:
+    """Create, MERGE or append. Rows that are all new to the table version committed on
+    (`inserts_only`) are appended: a MERGE would read the table's files to find none of them."""
     spec = handle.spec
     parquet = writer_properties(spec)
     if handle.table is None:
@@ -321,7 +326,7 @@ def _write(
             writer_properties=parquet,
             commit_properties=props,
         )
-    elif spec.merge_key and data.num_rows:
+    elif spec.merge_key and data.num_rows and not inserts_only:
         predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
         (
             handle.table.merge(
@@ -358,8 +363,11 @@ def _commit_table(
     leading_txn: int,
     config: WriterConfig,
     configuration: dict[str, str],
+    only_new: Callable[[list[dict]], bool] | None = None,
 ) -> TableOutcome:
-    """Land `output(txn)` in one fenced commit, re-checking the skip rule after any conflict."""
+    """Land `output(txn)` in one fenced commit, re-checking the skip rule after any conflict.
+    `only_new(rows)` says whether rows are all absent from the table version the fold read:
+    then, on the first attempt (that version is the one committed on), they are appended."""
     outcome = TableOutcome(handle.name, "skipped", txn_before=handle.txn, txn_after=handle.txn)
     last_conflict: Exception | None = None
     for attempt in range(1, config.max_commit_attempts + 1):
@@ -370,7 +378,10 @@ def _commit_table(
             outcome.action = "skipped"
             return outcome
         rows = output(txn)
+        inserts_only = False
         if not isinstance(rows, pa.Table):
+            # A concurrent commit (attempt > 1) may have added any key: MERGE then.
+            inserts_only = attempt == 1 and only_new is not None and bool(rows) and only_new(rows)
             rows = pa.Table.from_pylist(rows, schema=handle.spec.schema)
         lag = sum(1 for s in op_seqs if s > txn)
         # A table that does not exist yet is created even empty: a tenant's first batch makes
@@ -386,7 +397,7 @@ def _commit_table(
             return outcome
         props = _commit_properties(tenant_id, txn, batch_end, lag)
         try:
-            _write(handle, lake, rows, props, configuration)
+            _write(handle, lake, rows, props, configuration, inserts_only)
         except CommitFailedError as conflict:
             # A concurrent writer got there first: reload, then the skip rule decides.
             last_conflict = conflict
@@ -513,7 +524,7 @@ def _drain_batch(
     bound = erasure_bound(conn, tenant_id)
     op_seqs = seqs
 
-    def commit(handle: _Handle, output) -> None:
+    def commit(handle: _Handle, work: AppendWork | KeyedWork) -> None:
         if before_commit is not None:
             before_commit(handle.name)
         configuration = handle.spec.configuration(int(bound.total_seconds()))
@@ -522,24 +533,25 @@ def _drain_batch(
                 lake,
                 tenant_id,
                 handle,
-                output,
+                work.output,
                 op_seqs,
                 batch_end,
                 leading,
                 config,
                 configuration,
+                work.only_new if isinstance(work, KeyedWork) else None,
             )
         )
 
-    commit(handles[BRONZE_EVENTS.name], state.bronze.output)
-    commit(handles[GOLD_LINEAGE.name], state.lineage.output)
+    commit(handles[BRONZE_EVENTS.name], state.bronze)
+    commit(handles[GOLD_LINEAGE.name], state.lineage)
     for workarea_id in sorted(state.curated):
         name = f"{GOLD_CURATED.name}/{workarea_id}"
         handle = handles.get(name) or _handle(lake, tenant_id, GOLD_CURATED, workarea_id)
         handles[name] = handle
-        commit(handle, state.curated[workarea_id].output)
-    commit(handles[SILVER_CLAIMS.name], state.silver.output)
-    commit(handles[GOLD_AREAS.name], state.areas.output)
+        commit(handle, state.curated[workarea_id])
+    commit(handles[SILVER_CLAIMS.name], state.silver)
+    commit(handles[GOLD_AREAS.name], state.areas)
     _update_frontier(conn, tenant_id, handles, batch_end)
     return result
 
