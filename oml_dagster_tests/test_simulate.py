@@ -14,8 +14,9 @@ from oml_dagster import cli
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_AREAS, SILVER_CLAIMS
 from oml_dagster.simulate import verify
+from oml_dagster.simulate.faults import FAULT_KEY, FAULTS
 from oml_dagster.simulate.runner import RunConfig, run
-from oml_dagster.simulate.workload import FAULT_KEY, FAULTS, WorkloadConfig
+from oml_dagster.simulate.workload import WorkloadConfig
 
 from .conftest import curated_rows, table_rows
 

@@ -11,8 +11,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from oml_dagster.simulate import acts, verify
+from oml_dagster.simulate.faults import FAULTS
 from oml_dagster.simulate.producer import Act, TenantKeys
-from oml_dagster.simulate.workload import FAULTS, TenantWorkload, WorkloadConfig, tenant_specs
+from oml_dagster.simulate.workload import TenantWorkload, WorkloadConfig, tenant_specs
 
 _INSTANTS = {"at", "created_at", "promoted_at", "proposed_at", "ratified_at", "retracted_at"}
 

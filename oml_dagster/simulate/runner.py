@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import psycopg
 
 from . import producer
+from .faults import FAULT_KEY
 from .producer import Act, TenantKeys
-from .workload import FAULT_KEY, TenantSpec, TenantWorkload, WorkloadConfig, tenant_specs
+from .workload import TenantSpec, TenantWorkload, WorkloadConfig, tenant_specs
 
 
 class SimulationError(RuntimeError):
