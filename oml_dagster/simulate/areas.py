@@ -138,21 +138,12 @@ class AreaTree:
         if len(self.areas) < 2:
             return
         src, dst = rng.sample(self.area_list, 2)
-        proposer, ratifier = rng.sample(journal.identities, 2)
-        edge = Edge(
-            journal.id(),
-            src.workarea_id,
-            dst.workarea_id,
-            graph="workarea",
-            edge_label=rng.choice(_AREA_LABELS),
-            src_version=None,
-            dst_version=None,
-            proposer=proposer,
-            ratifier=ratifier,
-        )
-        journal.edges[edge.edge_id] = "ratified"
-        self.area_edges.append(edge.edge_id)
-        journal.emit(acts.ratify_act(edge))
+        edge_id, proposer, ratifier = journal.reviewers()
+        label = rng.choice(_AREA_LABELS)
+        ends = (src.workarea_id, dst.workarea_id)
+        # A workarea edge joins areas, not claim versions: no src_version or dst_version.
+        edge = Edge(edge_id, *ends, "workarea", label, None, None, proposer, ratifier)
+        self.area_edges.append(journal.ratify(edge))
 
     def open_area(self) -> Area:
         """An area that is not validated (a promotion or a move may land there)."""

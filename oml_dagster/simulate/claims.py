@@ -161,16 +161,16 @@ class Claims:
         lifecycle.slot = -1
 
     def _ratify(self, src: Row, dst: Row, label: str, lifecycle: Lifecycle) -> None:
-        rng, journal = self.rng, self.journal
+        journal = self.journal
         sim = (
             src.claim.simulation_id
             or dst.claim.simulation_id
             or next(iter(src.claim.sim_derived_ids or dst.claim.sim_derived_ids or ()), None)
         )
-        proposer, ratifier = rng.sample(journal.identities, 2)
+        edge_id, proposer, ratifier = journal.reviewers()
         now = journal.now()
         edge = Edge(
-            journal.id(),
+            edge_id,
             src.claim.artifact_id,
             dst.claim.artifact_id,
             graph="claim",
@@ -183,10 +183,9 @@ class Claims:
             proposed_at=now,
             ratified_at=now,
         )
-        journal.edges[edge.edge_id] = "ratified"
         lifecycle.edges.append(edge.edge_id)
         self.simulations.track_edge(sim, edge.edge_id)
-        journal.emit(acts.ratify_act(edge))
+        journal.ratify(edge)
 
     def demote(self, row: Row) -> None:
         self.journal.emit(acts.demote_act(row.claim))

@@ -11,7 +11,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .acts import Claim
+from . import acts
+from .acts import Claim, Edge
 from .producer import Act
 
 
@@ -90,6 +91,17 @@ class Journal:
 
     def id(self) -> str:
         return new_id(self.rng)
+
+    def reviewers(self) -> tuple[str, str, str]:
+        """A new edge's id, its proposer and its ratifier (never the proposer: rule R2)."""
+        proposer, ratifier = self.rng.sample(self.identities, 2)
+        return self.id(), proposer, ratifier
+
+    def ratify(self, edge: Edge) -> str:
+        """Emit the ratification of `edge`; returns its id."""
+        self.edges[edge.edge_id] = "ratified"
+        self.emit(acts.ratify_act(edge))
+        return edge.edge_id
 
     def emit(self, act: Act) -> Act:
         self.journal_seq += 1
