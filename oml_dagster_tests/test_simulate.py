@@ -375,3 +375,10 @@ def test_simulate_then_drain_lands_everything_once(dsn, conn, lake, capsys):
         for workarea_id in validated:
             for row in curated_rows(lake, tenant_id, workarea_id):
                 assert row["simulation_id"] is None and not row["sim_derived_ids"]
+
+
+def test_progress_bar_counts_the_claims_on_stderr(dsn, conn, capsys):
+    workload = WorkloadConfig(tenants=2, claims=15, seed=21)
+    run(dsn, workload, RunConfig(writers=1, progress=True))
+    err = capsys.readouterr().err
+    assert "simulate: 100%" in err and "30/30" in err and "ops" in err
