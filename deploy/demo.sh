@@ -76,31 +76,23 @@ oml-lake db upgrade
 
 # --- 4. a workload ------------------------------------------------------------------------------
 STREAM_SECONDS="${OML_DEMO_STREAM_SECONDS:-900}"
-if oml-lake simulate --help >/dev/null 2>&1; then
-  say "seeding: 3 tenants"
-  oml-lake simulate --tenants 3 --claims 40 --seed "$RANDOM" --bad-ratio 0.02 --no-progress \
-    >"$STATE/seed.log"
-  head -1 "$STATE/seed.log"
-  (
-    # New tenants keep arriving, each a paced stream; stopping this loop stops them all.
-    trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
-    end=$((SECONDS + STREAM_SECONDS))
-    while [ "$SECONDS" -lt "$end" ]; do
-      oml-lake simulate --tenants 1 --claims 300 --seed "$RANDOM" --bad-ratio 0.02 \
-        --rate 8 --duration "$((end - SECONDS))" --no-progress >>"$STATE/producer.log" 2>&1 &
-      sleep 120 &
-      wait $!
-    done
-    wait
-  ) &
-  PIDS+=($!)
-else
-  say "seeding: 3 tenants (deploy/seed_demo.py)"
-  "$PY" "$ROOT/deploy/seed_demo.py" --tenants 3 --claims 40 --seed "$RANDOM"
-  "$PY" "$ROOT/deploy/seed_demo.py" --tenants 1 --stream "$STREAM_SECONDS" --rate 4 \
-    --new-tenant-every 120 --seed "$RANDOM" >>"$STATE/producer.log" 2>&1 &
-  PIDS+=($!)
-fi
+say "seeding: 3 tenants"
+oml-lake simulate --tenants 3 --claims 40 --seed "$RANDOM" --bad-ratio 0.02 --no-progress \
+  >"$STATE/seed.log"
+head -1 "$STATE/seed.log"
+(
+  # New tenants keep arriving, each a paced stream; stopping this loop stops them all.
+  trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
+  end=$((SECONDS + STREAM_SECONDS))
+  while [ "$SECONDS" -lt "$end" ]; do
+    oml-lake simulate --tenants 1 --claims 300 --seed "$RANDOM" --bad-ratio 0.02 \
+      --rate 8 --duration "$((end - SECONDS))" --no-progress >>"$STATE/producer.log" 2>&1 &
+    sleep 120 &
+    wait $!
+  done
+  wait
+) &
+PIDS+=($!)
 
 # --- 5. Dagster ---------------------------------------------------------------------------------
 export DAGSTER_HOME="$STATE/dagster_home"

@@ -12,7 +12,7 @@ import pytest
 from oml_dagster.lake.errors import UnsupportedObjectStore
 from oml_dagster.lake.storage import Lake
 from oml_dagster.simulate import acts
-from oml_dagster.simulate.producer import Event, commit_act
+from oml_dagster.simulate.producer import Act, Event, commit_acts
 from oml_dagster_tests.conftest import ADMIN_DSN, _dsn_for
 from oml_dagster_tests.helpers import LakeView, make_tree, new_id, promoted
 
@@ -67,7 +67,7 @@ def test_upgrade_then_drain_until_idle_fills_the_lake(conn, dsn, lake, tenant):
     tree = make_tree(conn, tenant)
     c = promoted(conn, tenant, tree.a)
     acts.demote(conn, tenant, c)
-    commit_act(conn, tenant, Event("test.bad", {}), [("claim.teleport", {})])
+    commit_acts(conn, tenant, [Act(Event("test.bad", {}), [("claim.teleport", {})])])
     seq = oml_lake("sequence", env=env)
     assert f"sequenced tenant {tenant.tenant_id}: 14 rows, seq 1..14" in seq.stdout
 

@@ -11,13 +11,13 @@ import pytest
 from oml_dagster.lake import deadletter
 from oml_dagster.lake.drain import drain
 from oml_dagster.simulate import acts, producer
-from oml_dagster.simulate.producer import Event, commit_act
+from oml_dagster.simulate.producer import Act, Event, commit_acts
 from oml_dagster_tests.helpers import LakeView, dead_letters, drain_all, make_tree, new_id, promoted
 
 
 def _bad_act(conn, keys, op: str, payload) -> None:
     """An ordinary act whose outbox carries one malformed or forbidden op."""
-    commit_act(conn, keys, Event("test.bad", {"op": op}), [(op, payload)])
+    commit_acts(conn, keys, [Act(Event("test.bad", {"op": op}), [(op, payload)])])
 
 
 def _promote_payload(tree, **override) -> dict:
@@ -150,7 +150,7 @@ def test_a_journal_event_signed_with_another_tenants_key_is_refused(conn, lake, 
     other = producer.create_tenant(conn)
     impostor = producer.TenantKeys(tenant.tenant_id, other.api_key_id, other.private_key, "agent:x")
     make_tree(conn, tenant)
-    commit_act(conn, impostor, Event("test.impostor", {}), [])
+    commit_acts(conn, impostor, [Act(Event("test.impostor", {}), [])])
     drain_all(conn, lake)
     ((op, reason),) = dead_letters(conn).values()
     assert op == "journal.event" and "wrong tenant" in reason and other.api_key_id in reason

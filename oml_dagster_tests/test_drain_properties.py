@@ -129,14 +129,8 @@ def _label(model: Model) -> str:
 
 def _commit(conn, keys, act: acts.Act, **edits) -> None:
     (name, payload), *rest = act.ops
-    producer.commit_act(
-        conn,
-        keys,
-        act.event,
-        [(name, {**payload, **edits}), *rest],
-        store_bodies=act.store_bodies,
-        shred=act.shred,
-    )
+    act.ops = [(name, {**payload, **edits}), *rest]
+    producer.commit_acts(conn, keys, [act])
 
 
 def _raw_event(conn, tenant_id: str, journal_seq: int, payload: dict) -> None:
@@ -262,9 +256,8 @@ def write(conn, keys, model: Model, kind: str, a: int, b: int, flag: bool) -> No
         bad = {"at": "20261101T120000Z"} if flag else {"version": "1", "note": "x"}
         _commit(conn, keys, acts.demote_act(claim), **bad)
     elif kind == "unknown_op":
-        producer.commit_act(
-            conn, keys, acts.Event("claim.archived", {}), [("claim.archive", {"at": "x"})]
-        )
+        unknown = acts.Act(acts.Event("claim.archived", {}), [("claim.archive", {"at": "x"})])
+        producer.commit_acts(conn, keys, [unknown])
 
 
 def drain_rounds(conn, lake: Lake, tenant_id: str, cuts) -> list[dict]:

@@ -335,7 +335,9 @@ def test_a_requeued_erase_ages_from_the_original_erase(conn, lake):
         "version": str(c.version),
         "at": producer.instant(an_hour_ago),
     }
-    producer.commit_act(conn, keys, c.event("claim.erased", bad), [("claim.erase", bad)])
+    producer.commit_acts(
+        conn, keys, [producer.Act(c.event("claim.erased", bad), [("claim.erase", bad)])]
+    )
     conn.execute("UPDATE oml.outbox SET created_at = %s WHERE op = 'claim.erase'", (an_hour_ago,))
     drain_all(conn, lake)
     (seq,) = [s for (s,) in conn.execute("SELECT seq FROM oml.lake_dead_letter")]

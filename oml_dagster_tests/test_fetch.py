@@ -181,7 +181,7 @@ def test_canonical_events_are_cleared(conn):
     """The producers' canonical events all take the columnar path (else it would be useless)."""
     keys = producer.create_tenant(conn)
     for i in range(5):
-        producer.commit_act(conn, keys, producer.Event("x.y", {"i": i}), [])
+        producer.commit_acts(conn, keys, [producer.Act(producer.Event("x.y", {"i": i}), [])])
     sequencer.sequence(conn)
     with Fetcher(conn) as fetcher:
         batch = fetcher.fetch(keys.tenant_id, 0, 100, 2**30)

@@ -41,14 +41,8 @@ def commit(conn, keys, act: acts.Act, **edits) -> None:
     """Commit `act` with its (single) op's payload edited: `None` removes a field."""
     (name, payload), *rest = act.ops
     payload = {k: v for k, v in {**payload, **edits}.items() if v is not None or k not in edits}
-    producer.commit_act(
-        conn,
-        keys,
-        act.event,
-        [(name, payload), *rest],
-        store_bodies=act.store_bodies,
-        shred=act.shred,
-    )
+    act.ops = [(name, payload), *rest]
+    producer.commit_acts(conn, keys, [act])
 
 
 def only_dead_letter(conn) -> tuple[str, str]:

@@ -12,11 +12,14 @@ from psycopg.types.json import Jsonb
 
 from oml_dagster.lake import sequencer
 from oml_dagster.simulate import producer
-from oml_dagster.simulate.producer import Event, commit_act
+from oml_dagster.simulate.producer import Act, Event, commit_acts
 
 
 def _act(conn, keys, **kw) -> int:
-    return commit_act(conn, keys, Event("test.act", {"n": 1}), [("area.upsert", {"x": 1})], **kw)
+    """One act; with `before_lock` its transaction takes its xid before waiting for the lock."""
+    act = Act(Event("test.act", {"n": 1}), [("area.upsert", {"x": 1})])
+    (journal_seq,) = commit_acts(conn, keys, [act], early_xid="before_lock" in kw, **kw)
+    return journal_seq
 
 
 def _sequenced(conn) -> list[tuple]:

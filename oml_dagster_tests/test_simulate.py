@@ -14,8 +14,9 @@ from oml_dagster import cli
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_AREAS, SILVER_CLAIMS
 from oml_dagster.simulate import verify
+from oml_dagster.simulate.faults import FAULT_KEY, FAULTS
 from oml_dagster.simulate.runner import RunConfig, run
-from oml_dagster.simulate.workload import FAULT_KEY, FAULTS, WorkloadConfig
+from oml_dagster.simulate.workload import WorkloadConfig
 
 from .conftest import curated_rows, table_rows
 
@@ -374,3 +375,10 @@ def test_simulate_then_drain_lands_everything_once(dsn, conn, lake, capsys):
         for workarea_id in validated:
             for row in curated_rows(lake, tenant_id, workarea_id):
                 assert row["simulation_id"] is None and not row["sim_derived_ids"]
+
+
+def test_progress_bar_counts_the_claims_on_stderr(dsn, conn, capsys):
+    workload = WorkloadConfig(tenants=2, claims=15, seed=21)
+    run(dsn, workload, RunConfig(writers=1, progress=True))
+    err = capsys.readouterr().err
+    assert "simulate: 100%" in err and "30/30" in err and "ops" in err

@@ -31,7 +31,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import psycopg
 import pyarrow as pa
@@ -101,9 +101,6 @@ class MaintenanceResult:
     @property
     def changed(self) -> bool:
         return self.action not in ("unchanged", "skipped")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def describe(self) -> str:
         """One line for the command line: what was rewritten, removed and kept."""

@@ -197,11 +197,8 @@ GOLD_CURATED = TableSpec(
 
 # Tables every tenant has (curated tables appear per validated workarea).
 CORE_TABLES: tuple[TableSpec, ...] = (BRONZE_EVENTS, SILVER_CLAIMS, GOLD_LINEAGE, GOLD_AREAS)
-ALL_SPECS: tuple[TableSpec, ...] = (*CORE_TABLES, GOLD_CURATED)
 
-CLAIM_STATES = ("promoted", "demoted", "erased", "held")
 AREA_STATUSES = ("development", "committed", "validated")
-EDGE_STATES = ("ratified", "demoted")
 GRAPHS = ("claim", "workarea")
 # The labels of each graph (spec: gold.lineage); an edge of one graph never carries another's.
 EDGE_LABELS = {

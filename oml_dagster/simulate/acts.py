@@ -2,19 +2,22 @@
 op, its journal event, and its domain rows (claim bodies, crypto-shred).
 
 Each op has one builder (`*_act`) returning an uncommitted `Act`, the one place its payload is
-shaped; the functions named after the acts commit one right away (`commit_act`), and the
-workload generator batches the builders' acts (`commit_acts`)."""
+shaped; the functions named after the acts commit one right away, and the workload generator
+batches the builders' acts (both through `commit_acts`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 import psycopg
 
-from .producer import Act, Body, Event, TenantKeys, commit_act, instant, seal
+from .producer import Act, Body, Event, TenantKeys, commit_acts, instant, seal
+
+P = ParamSpec("P")
 
 
 def _now() -> dt.datetime:
@@ -79,21 +82,56 @@ class Claim:
         )
 
 
+@dataclass
+class Edge:
+    edge_id: str
+    src_id: str
+    dst_id: str
+    graph: str = "claim"
+    edge_label: str = "derives_from"
+    src_version: int | None = 1
+    dst_version: int | None = 1
+    proposer: str = "key:proposer"
+    ratifier: str = "key:ratifier"
+    simulation_id: str | None = None
+    proposed_at: dt.datetime = field(default_factory=_now)
+    ratified_at: dt.datetime = field(default_factory=_now)
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "edge_id": self.edge_id,
+            "graph": self.graph,
+            "edge_label": self.edge_label,
+            "src_id": self.src_id,
+            "src_version": self.src_version,
+            "dst_id": self.dst_id,
+            "dst_version": self.dst_version,
+            "proposer": self.proposer,
+            "ratifier": self.ratifier,
+            "simulation_id": self.simulation_id,
+            "proposed_at": instant(self.proposed_at),
+            "ratified_at": instant(self.ratified_at),
+        }
+
+
 def _digest_payload(payload: dict) -> dict:
     # The journal holds digests and references only: never a body.
     return {k: v for k, v in payload.items() if k != "body_ciphertext"}
 
 
-def _commit(conn: psycopg.Connection, keys: TenantKeys, act: Act, **hooks: Any) -> int:
-    return commit_act(
-        conn,
-        keys,
-        act.event,
-        act.ops,
-        store_bodies=act.store_bodies,
-        shred=act.shred,
-        **hooks,
-    )
+def _commit(
+    conn: psycopg.Connection,
+    keys: TenantKeys,
+    act: Act,
+    *,
+    at: dt.datetime | None = None,
+    **hooks: Any,
+) -> int:
+    """Commit one act, its journal event at `at`; a `before_lock` hook runs once the
+    transaction holds its xid (for tests of the stable-prefix cut)."""
+    act.at = at
+    (journal_seq,) = commit_acts(conn, keys, [act], early_xid="before_lock" in hooks, **hooks)
+    return journal_seq
 
 
 # --- builders: one per op ----------------------------------------------------------------------
@@ -227,6 +265,21 @@ def validate_area_act(workarea_id: str, at: dt.datetime | None = None) -> Act:
 # --- acts committed one at a time ----------------------------------------------------------------
 
 
+def _committed(
+    build: Callable[P, Act],
+) -> Callable[Concatenate[psycopg.Connection, TenantKeys, P], int]:
+    """`build`'s act committed right away under the tenant's `keys`; returns its journal_seq."""
+
+    def commit(
+        conn: psycopg.Connection, keys: TenantKeys, *args: P.args, **kwargs: P.kwargs
+    ) -> int:
+        return _commit(conn, keys, build(*args, **kwargs))
+
+    commit.__name__ = build.__name__.removesuffix("_act")
+    commit.__doc__ = build.__doc__
+    return commit
+
+
 def promote(
     conn: psycopg.Connection,
     keys: TenantKeys,
@@ -247,106 +300,27 @@ def promote(
     return body
 
 
-def repromote(conn: psycopg.Connection, keys: TenantKeys, claim: Claim, **act: Any) -> None:
-    _commit(conn, keys, repromote_act(claim), **act)
-
-
-def demote(conn, keys: TenantKeys, claim: Claim, at: dt.datetime | None = None, **act) -> None:
-    _commit(conn, keys, demote_act(claim, at), **act)
-
-
-def erase(conn, keys: TenantKeys, claim: Claim, at: dt.datetime | None = None, **act) -> None:
-    """Crypto-shred: the DEK and the claim_bodies row are destroyed in the same act."""
-    _commit(conn, keys, erase_act(claim, at), **act)
-
-
 def reassign(
-    conn,
+    conn: psycopg.Connection,
     keys: TenantKeys,
     claim: Claim,
     workarea_id: str,
     held: bool,
     at: dt.datetime | None = None,
-    **act,
-) -> None:
-    _commit(conn, keys, reassign_act(claim, workarea_id, held, at), **act)
+) -> int:
+    """A move to `workarea_id`; `claim.workarea_id` follows it once committed."""
+    journal_seq = _commit(conn, keys, reassign_act(claim, workarea_id, held, at))
     claim.workarea_id = workarea_id
+    return journal_seq
 
 
-def repair(conn, keys: TenantKeys, claim: Claim, fold_seq: int, state: str, **act) -> None:
-    _commit(conn, keys, repair_act(claim, fold_seq, state), **act)
-
-
-def simulation_end(
-    conn,
-    keys: TenantKeys,
-    simulation_id: str,
-    demote_tainted: bool,
-    at: dt.datetime | None = None,
-    **act,
-) -> None:
-    _commit(conn, keys, simulation_end_act(simulation_id, demote_tainted, at), **act)
-
-
-@dataclass
-class Edge:
-    edge_id: str
-    src_id: str
-    dst_id: str
-    graph: str = "claim"
-    edge_label: str = "derives_from"
-    src_version: int | None = 1
-    dst_version: int | None = 1
-    proposer: str = "key:proposer"
-    ratifier: str = "key:ratifier"
-    simulation_id: str | None = None
-    proposed_at: dt.datetime = field(default_factory=_now)
-    ratified_at: dt.datetime = field(default_factory=_now)
-
-    def payload(self) -> dict[str, Any]:
-        return {
-            "edge_id": self.edge_id,
-            "graph": self.graph,
-            "edge_label": self.edge_label,
-            "src_id": self.src_id,
-            "src_version": self.src_version,
-            "dst_id": self.dst_id,
-            "dst_version": self.dst_version,
-            "proposer": self.proposer,
-            "ratifier": self.ratifier,
-            "simulation_id": self.simulation_id,
-            "proposed_at": instant(self.proposed_at),
-            "ratified_at": instant(self.ratified_at),
-        }
-
-
-def ratify(conn, keys: TenantKeys, edge: Edge, **act) -> None:
-    _commit(conn, keys, ratify_act(edge), **act)
-
-
-def demote_edge(conn, keys: TenantKeys, edge_id: str, at: dt.datetime | None = None, **act) -> None:
-    _commit(conn, keys, demote_edge_act(edge_id, at), **act)
-
-
-def upsert_area(
-    conn, keys: TenantKeys, workarea_id: str, at: dt.datetime | None = None, **columns
-) -> None:
-    _commit(conn, keys, upsert_area_act(workarea_id, at, **columns))
-
-
-def reparent_area(
-    conn,
-    keys: TenantKeys,
-    workarea_id: str,
-    parent_id: str,
-    path: str,
-    at: dt.datetime | None = None,
-    **act,
-) -> None:
-    _commit(conn, keys, reparent_area_act(workarea_id, parent_id, path, at), **act)
-
-
-def validate_area(
-    conn, keys: TenantKeys, workarea_id: str, at: dt.datetime | None = None, **act
-) -> None:
-    _commit(conn, keys, validate_area_act(workarea_id, at), **act)
+repromote = _committed(repromote_act)
+demote = _committed(demote_act)
+erase = _committed(erase_act)
+repair = _committed(repair_act)
+simulation_end = _committed(simulation_end_act)
+ratify = _committed(ratify_act)
+demote_edge = _committed(demote_edge_act)
+upsert_area = _committed(upsert_area_act)
+reparent_area = _committed(reparent_area_act)
+validate_area = _committed(validate_area_act)

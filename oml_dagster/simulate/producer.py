@@ -22,7 +22,6 @@ import psycopg
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from psycopg.types.json import Jsonb
 
 GENESIS_HASH = bytes(32)
 
@@ -220,74 +219,6 @@ def journal_entry(
     return payload, chain_hash
 
 
-def commit_act(
-    conn: psycopg.Connection,
-    keys: TenantKeys,
-    event: Event,
-    ops: list[tuple[str, dict[str, Any]]],
-    *,
-    at: dt.datetime | None = None,
-    store_bodies: list[Body] = (),
-    shred: list[tuple[str, int]] = (),
-    event_id: str | None = None,
-    before_lock: Callable[[psycopg.Connection], None] | None = None,
-    before_commit: Callable[[psycopg.Connection], None] | None = None,
-) -> int:
-    """Commit one act; returns its journal_seq. `before_lock` runs after the transaction has
-    taken its xid and before it waits for the chain head lock; `before_commit` runs while the
-    lock is held (both for tests of the stable-prefix cut)."""
-    with conn.transaction():
-        if before_lock is not None:
-            conn.execute("SELECT txid_current()")
-            before_lock(conn)
-        head = conn.execute(
-            "SELECT journal_seq, hash FROM oml_sim.chain_head WHERE tenant_id = %s FOR UPDATE",
-            (keys.tenant_id,),
-        ).fetchone()
-        journal_seq, prev_hash = head[0] + 1, bytes(head[1])
-        journal_payload, chain_hash = journal_entry(
-            keys,
-            keys.tenant_id,
-            journal_seq,
-            prev_hash,
-            event,
-            at or dt.datetime.now(dt.UTC),
-            event_id or str(uuid.uuid4()),
-        )
-        for body in store_bodies:
-            conn.execute(
-                "INSERT INTO oml.claim_bodies (tenant_id, artifact_id, version, body_ciphertext)"
-                " VALUES (%s, %s, %s, %s)",
-                (keys.tenant_id, body.artifact_id, body.version, body.ciphertext),
-            )
-            conn.execute(
-                "INSERT INTO oml_sim.deks (tenant_id, artifact_id, version, dek) VALUES (%s, %s, %s, %s)",
-                (keys.tenant_id, body.artifact_id, body.version, body.dek),
-            )
-        for artifact_id, version in shred:
-            for table in ("oml_sim.deks", "oml.claim_bodies"):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE tenant_id = %s AND artifact_id = %s AND version = %s",
-                    (keys.tenant_id, artifact_id, version),
-                )
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload) VALUES (%s, %s, %s, %s)",
-                [(keys.tenant_id, journal_seq, op, Jsonb(p)) for op, p in ops]
-                + [(keys.tenant_id, journal_seq, "journal.event", Jsonb(journal_payload))],
-            )
-        conn.execute(
-            "UPDATE oml_sim.chain_head SET journal_seq = %s, hash = %s WHERE tenant_id = %s",
-            (journal_seq, chain_hash, keys.tenant_id),
-        )
-        if before_commit is not None:
-            before_commit(conn)
-    return journal_seq
-
-
-# --- batched commits -----------------------------------------------------------------------------
-
-
 @dataclass
 class Forgery:
     """A second journal event for an act, signed with another tenant's key: bad input the
@@ -305,7 +236,8 @@ class Act:
 
     `journal_seq`, when set, is the chain position the act was generated for; committing it
     anywhere else raises `ChainOrderError`. `keep_deks` are DEKs of bodies stored outside
-    `claim_bodies` (body_ref object): kept in the simulator's key table only."""
+    `claim_bodies` (body_ref object): kept in the simulator's key table only. `at` is the
+    journal event's instant (the commit's wall clock when None)."""
 
     event: Event
     ops: list[tuple[str, dict[str, Any]]]
@@ -315,6 +247,7 @@ class Act:
     event_id: str | None = None
     journal_seq: int | None = None
     forgeries: list[Forgery] = field(default_factory=list)
+    at: dt.datetime | None = None
 
     @property
     def rows(self) -> int:
@@ -336,8 +269,8 @@ def commit_acts(
     after_lock: Callable[[psycopg.Connection], None] | None = None,
     before_commit: Callable[[psycopg.Connection], None] | None = None,
 ) -> list[int]:
-    """Commit consecutive acts of one tenant in one transaction holding the chain head lock;
-    returns their journal_seqs. The contract allows it: the acts' rows become visible together
+    """Commit consecutive acts of one tenant (one or more) in one transaction holding the chain
+    head lock; returns their journal_seqs. The contract allows it: the acts' rows become visible together
     and the chain stays in journal order. Rows go in with COPY.
 
     With `early_xid` the transaction takes its xid before `before_lock` runs, i.e. before it
@@ -368,7 +301,7 @@ def commit_acts(
                     f"tenant {tenant_id}: act generated for journal_seq {act.journal_seq} "
                     f"reached the chain head at {journal_seq}"
                 )
-            at = dt.datetime.now(dt.UTC)
+            at = act.at or dt.datetime.now(dt.UTC)
             payload_text = canonical(act.event.payload).decode()
             entry, chain_hash = journal_entry(
                 keys,

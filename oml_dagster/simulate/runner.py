@@ -25,10 +25,12 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import psycopg
+from tqdm import tqdm
 
 from . import producer
+from .faults import FAULT_KEY
 from .producer import Act, TenantKeys
-from .workload import FAULT_KEY, TenantSpec, TenantWorkload, WorkloadConfig, tenant_specs
+from .workload import TenantSpec, TenantWorkload, WorkloadConfig, tenant_specs
 
 
 class SimulationError(RuntimeError):
@@ -294,34 +296,6 @@ def _writer(dsn: str, scheduler: _Scheduler, pacer: _Pacer | None, number: int) 
         scheduler.fail(error)
 
 
-class _PlainProgress:
-    """A carriage-return progress line on stderr, for when tqdm is not installed."""
-
-    def __init__(self, total: int):
-        self.total, self.n, self.postfix, self.last = total, 0, "", 0.0
-
-    def update(self, n: int) -> None:
-        self.n += n
-        if time.monotonic() - self.last >= 0.5:
-            self.last = time.monotonic()
-            sys.stderr.write(f"\rsimulate: {self.n}/{self.total} claims, {self.postfix}")
-            sys.stderr.flush()
-
-    def set_postfix_str(self, text: str, refresh: bool = False) -> None:
-        self.postfix = text
-
-    def close(self) -> None:
-        sys.stderr.write(f"\rsimulate: {self.n}/{self.total} claims, {self.postfix}\n")
-
-
-def _progress_bar(total: int):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _PlainProgress(total)
-    return tqdm(total=total, unit="claim", desc="simulate", file=sys.stderr, mininterval=0.5)
-
-
 def prepare_tenants(conn: psycopg.Connection, specs: list[TenantSpec]) -> list[TenantKeys]:
     """Create the workload's tenants (api key, tenant policy, genesis chain head)."""
     if conn.execute("SELECT to_regclass('oml.outbox')").fetchone()[0] is None:
@@ -355,7 +329,13 @@ def run(dsn: str, workload: WorkloadConfig, config: RunConfig | None = None) -> 
     scheduler = _Scheduler(tenants, config, workload.seed)
     pacer = _Pacer(config.rate) if config.rate else None
     if config.progress:
-        scheduler.bar = _progress_bar(workload.tenants * workload.claims)
+        scheduler.bar = tqdm(
+            total=workload.tenants * workload.claims,
+            unit="claim",
+            desc="simulate",
+            file=sys.stderr,
+            mininterval=0.5,
+        )
     started = time.monotonic()
     if config.rate and config.duration:
         scheduler.deadline = started + config.duration

@@ -259,99 +259,145 @@ class _Row:
         return bool(self.simulation_id or self.derived)
 
 
-def _check_areas(report: TenantVerification, ops: list[catalog.Op]) -> None:
-    """Fold claim and area ops in journal order, as the lake applies them."""
-    rows: dict[tuple[str, int], _Row] = {}
-    status: dict[str, str] = {}
+class _AreaFold:
+    """Claim and area ops folded in journal order, as the lake applies them: each op's handler
+    in `_AREA_OPS` moves the rows and statuses and reports what breaks a validated area."""
 
-    def validated(workarea_id: str) -> bool:
-        return status.get(workarea_id) == "validated"
+    def __init__(self, report: TenantVerification):
+        self.report = report
+        self.rows: dict[tuple[str, int], _Row] = {}
+        self.status: dict[str, str] = {}
 
-    def stale(op: catalog.Op, row: _Row | None) -> bool:
-        return row is not None and row.fold_seq is not None and op.journal_seq <= row.fold_seq
+    def validated(self, workarea_id: str) -> bool:
+        return self.status.get(workarea_id) == "validated"
 
-    for op in ops:
-        name, args = op.name, op.args
-        row = rows.get(_key(op)) if name.startswith("claim.") else None
-        where = f"journal_seq {op.journal_seq} {name}"
-        if stale(op, row) and name != "claim.repair":
-            continue
-        if name == "claim.promote":
-            target = args["workarea_id"] if row is None else row.workarea_id
-            if validated(target) and (row is None or row.state == "held"):
-                report.error(f"{where}: promotes {_key(op)} into validated workarea {target}")
-                if row is None:
-                    continue
+    def error(self, op: catalog.Op, message: str) -> None:
+        self.report.error(f"journal_seq {op.journal_seq} {op.name}: {message}")
+
+    def promote(self, op: catalog.Op, row: _Row | None) -> None:
+        args = op.args
+        target = args["workarea_id"] if row is None else row.workarea_id
+        if self.validated(target) and (row is None or row.state == "held"):
+            self.error(op, f"promotes {_key(op)} into validated workarea {target}")
             if row is None:
-                rows[_key(op)] = _Row(
-                    "promoted",
-                    target,
-                    args.get("simulation_id"),
-                    tuple(args.get("sim_derived_ids") or ()),
-                )
-            elif row.state == "held":
-                row.state = "promoted"
-        elif name in ("claim.demote", "claim.erase") and row is not None:
-            if name == "claim.erase" and row.state != "erased":
-                row.state = "erased"
-            elif name == "claim.demote" and row.state in ("promoted", "held"):
-                row.state = "demoted"
-        elif name == "claim.reassign" and row is not None and row.state != "erased":
-            target = args["workarea_id"]
-            if target != row.workarea_id and (validated(target) or validated(row.workarea_id)):
-                report.error(
-                    f"{where}: moves {_key(op)} from {row.workarea_id} to {target} across "
-                    "a validated workarea"
-                )
-                continue
-            row.workarea_id = target
-            if args["held"] and row.state == "promoted":
-                row.state = "held"
-        elif name == "claim.repair":
-            if row is not None and row.fold_seq is not None and args["fold_seq"] < row.fold_seq:
-                continue
-            if row is not None and row.state == "erased":
-                continue
-            repaired = args["row"]
-            rows[_key(op)] = _Row(
-                repaired["state"],
-                repaired["workarea_id"],
-                repaired.get("simulation_id"),
-                tuple(repaired.get("sim_derived_ids") or ()),
-                args["fold_seq"],
+                return
+        if row is None:
+            self.rows[_key(op)] = _Row(
+                "promoted",
+                target,
+                args.get("simulation_id"),
+                tuple(args.get("sim_derived_ids") or ()),
             )
-        elif name == "simulation.end":
-            sim = args["simulation_id"]
-            for each in rows.values():
-                hit = each.simulation_id == sim or (args["demote_tainted"] and sim in each.derived)
-                protected = each.fold_seq is not None and op.journal_seq <= each.fold_seq
-                if hit and each.state in ("promoted", "held") and not protected:
-                    each.state = "demoted"
-        elif name == "area.upsert":
-            workarea_id = args["workarea_id"]
-            if workarea_id not in status:
-                status[workarea_id] = args.get("status", "development")
-            elif "status" in args and not validated(workarea_id):
-                status[workarea_id] = args["status"]
-        elif name == "area.validate":
-            workarea_id = args["workarea_id"]
-            if workarea_id not in status or validated(workarea_id):
-                continue
-            tainted = sorted(
-                k
-                for k, r in rows.items()
-                if r.workarea_id == workarea_id and r.tainted and r.state in ("promoted", "held")
+        elif row.state == "held":
+            row.state = "promoted"
+
+    def demote(self, op: catalog.Op, row: _Row | None) -> None:
+        if row is not None and row.state in ("promoted", "held"):
+            row.state = "demoted"
+
+    def erase(self, op: catalog.Op, row: _Row | None) -> None:
+        if row is not None:
+            row.state = "erased"
+
+    def reassign(self, op: catalog.Op, row: _Row | None) -> None:
+        if row is None or row.state == "erased":
+            return
+        target = op.args["workarea_id"]
+        if target != row.workarea_id and (
+            self.validated(target) or self.validated(row.workarea_id)
+        ):
+            self.error(
+                op,
+                f"moves {_key(op)} from {row.workarea_id} to {target} across a validated workarea",
             )
-            if tainted:
-                report.error(
-                    f"{where}: validates {workarea_id} holding {len(tainted)} simulation-"
-                    f"tainted promoted or held rows, e.g. {tainted[0]}"
+            return
+        row.workarea_id = target
+        if op.args["held"] and row.state == "promoted":
+            row.state = "held"
+
+    def repair(self, op: catalog.Op, row: _Row | None) -> None:
+        args = op.args
+        if row is not None and row.fold_seq is not None and args["fold_seq"] < row.fold_seq:
+            return
+        if row is not None and row.state == "erased":
+            return
+        repaired = args["row"]
+        self.rows[_key(op)] = _Row(
+            repaired["state"],
+            repaired["workarea_id"],
+            repaired.get("simulation_id"),
+            tuple(repaired.get("sim_derived_ids") or ()),
+            args["fold_seq"],
+        )
+
+    def simulation_end(self, op: catalog.Op, row: None) -> None:
+        sim = op.args["simulation_id"]
+        for each in self.rows.values():
+            hit = each.simulation_id == sim or (op.args["demote_tainted"] and sim in each.derived)
+            protected = each.fold_seq is not None and op.journal_seq <= each.fold_seq
+            if hit and each.state in ("promoted", "held") and not protected:
+                each.state = "demoted"
+
+    def upsert_area(self, op: catalog.Op, row: None) -> None:
+        workarea_id = op.args["workarea_id"]
+        if workarea_id not in self.status:
+            self.status[workarea_id] = op.args.get("status", "development")
+        elif "status" in op.args and not self.validated(workarea_id):
+            self.status[workarea_id] = op.args["status"]
+
+    def validate(self, op: catalog.Op, row: None) -> None:
+        workarea_id = op.args["workarea_id"]
+        if workarea_id not in self.status or self.validated(workarea_id):
+            return
+        tainted = sorted(
+            k
+            for k, r in self.rows.items()
+            if r.workarea_id == workarea_id and r.tainted and r.state in ("promoted", "held")
+        )
+        if tainted:
+            self.error(
+                op,
+                f"validates {workarea_id} holding {len(tainted)} simulation-tainted promoted "
+                f"or held rows, e.g. {tainted[0]}",
+            )
+        self.status[workarea_id] = "validated"
+        self.report.validated_areas += 1
+
+    def finish(self) -> None:
+        for key, row in sorted(self.rows.items()):
+            if self.validated(row.workarea_id) and row.tainted and row.state == "promoted":
+                self.report.error(
+                    f"validated workarea {row.workarea_id} holds tainted promoted row {key}"
                 )
-            status[workarea_id] = "validated"
-            report.validated_areas += 1
-    for key, row in sorted(rows.items()):
-        if validated(row.workarea_id) and row.tainted and row.state == "promoted":
-            report.error(f"validated workarea {row.workarea_id} holds tainted promoted row {key}")
+
+
+# The ops the area fold reads; every other op leaves rows and statuses alone.
+_AREA_OPS = {
+    "claim.promote": _AreaFold.promote,
+    "claim.demote": _AreaFold.demote,
+    "claim.erase": _AreaFold.erase,
+    "claim.reassign": _AreaFold.reassign,
+    "claim.repair": _AreaFold.repair,
+    "simulation.end": _AreaFold.simulation_end,
+    "area.upsert": _AreaFold.upsert_area,
+    "area.validate": _AreaFold.validate,
+}
+
+
+def _check_areas(report: TenantVerification, ops: list[catalog.Op]) -> None:
+    """Fold claim and area ops in journal order, as the lake applies them. A claim op at or
+    below its row's fold_seq (a reconciler repair) is too old and changes nothing."""
+    fold = _AreaFold(report)
+    for op in ops:
+        handle = _AREA_OPS.get(op.name)
+        if handle is None:
+            continue
+        row = fold.rows.get(_key(op)) if op.name.startswith("claim.") else None
+        stale = row is not None and row.fold_seq is not None and op.journal_seq <= row.fold_seq
+        if stale and op.name != "claim.repair":
+            continue
+        handle(fold, op, row)
+    fold.finish()
 
 
 def verify_tenant(
