@@ -1,5 +1,6 @@
-"""PNG plots from one `bench/run_all.sh` results folder: drain rate vs batch cap, RSS over the
-drain with the largest cap, retract time vs silver table size.
+"""PNG plots from one `bench/run_all.sh` or `bench/run_lag.sh` results folder: drain rate vs
+batch cap, RSS over the drain with the largest cap, retract time vs silver table size, lag and
+backlog over time under a paced stream (one line per config).
 
     .venv/bin/python bench/plots.py bench/results/<stamp> bench/plots
 """
@@ -62,9 +63,37 @@ def retract_plot(results: dict, out: str) -> None:
     _save(fig, out, "retract_vs_size.png")
 
 
+def lag_plot(results: dict, out: str) -> None:
+    """Lag (age of the oldest outbox row not drained) and backlog over time, one line per
+    config; a dotted line where each config's stream ended."""
+    fig, (lag_ax, backlog_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for r in results["results"]:
+        c = r["config"]
+        label = f"{c['name']}: {c['rate']:g} ops/s, {c['tenants']} tenants"
+        t = [s["t"] for s in r["samples"]]
+        (line,) = lag_ax.plot(t, [s["lag_s"] for s in r["samples"]], label=label)
+        backlog_ax.plot(t, [s["backlog_ops"] for s in r["samples"]], color=line.get_color())
+        for ax in (lag_ax, backlog_ax):
+            ax.axvline(r["stream_s"], color=line.get_color(), linestyle=":", linewidth=1)
+        if c.get("p95_target_s"):
+            lag_ax.axhline(c["p95_target_s"], color=line.get_color(), linestyle="--", linewidth=1)
+    lag_ax.set_ylabel("lag (s)")
+    lag_ax.set_title("lag under a paced stream (dotted: stream end; dashed: p95 target)")
+    lag_ax.legend(fontsize=8)
+    backlog_ax.set_ylabel("ops not drained")
+    backlog_ax.set_xlabel("seconds since the stream started")
+    for ax in (lag_ax, backlog_ax):
+        ax.grid(True, alpha=0.3)
+    _save(fig, out, "lag_over_time.png")
+
+
 def main() -> None:
     folder, out = sys.argv[1], sys.argv[2]
-    for name, draw in (("drain.json", drain_plots), ("retract.json", retract_plot)):
+    for name, draw in (
+        ("drain.json", drain_plots),
+        ("retract.json", retract_plot),
+        ("lag.json", lag_plot),
+    ):
         path = os.path.join(folder, name)
         if os.path.exists(path):
             with open(path) as f:
