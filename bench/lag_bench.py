@@ -643,8 +643,10 @@ def main() -> None:
     parser.add_argument("--logs", help="keep the daemon's and producer's logs in this folder")
     args = parser.parse_args()
 
-    # SIGTERM ends the bench like Ctrl-C: through every `finally` that stops processes.
+    # SIGTERM and SIGINT (even when started in the background, where SIGINT comes ignored) end
+    # the bench through every `finally` that stops processes and drops databases.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     print(machine(), flush=True)
     results = []
     for name in args.config:
@@ -690,4 +692,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("interrupted: every process stopped, the databases dropped", file=sys.stderr)
+        sys.exit(130)
