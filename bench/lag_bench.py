@@ -16,14 +16,19 @@ After the stream it keeps sampling until the backlog is gone (or `--after-cap` s
 waits for runs in flight to finish. It reports p50/p95/max lag during the stream, when the
 backlog was gone after it, the runs launched per minute, and the CPU seconds per run.
 
-CPU per run: every run worker is a child process of the code server the daemon starts, which
-reaps it, so the kernel adds the worker's CPU time (its own children's included) to the code
-server's `cutime + cstime` (/proc/<pid>/stat). Read once all runs have ended, that total over
-the lake-writer runs that ended is the CPU per run (maintenance and reconcile schedules are moved
-out of the bench's window, so the stream's runs are the only ones). The daemon's and the code
-server's own CPU (queue, sensor ticks) and the producer's are reported apart; Postgres' is not.
+CPU per run: every run worker is a child process of a code server the daemon starts (a new one
+each time the daemon refreshes its workspace, every 60 s), which reaps it, so the kernel adds the
+worker's CPU time (its own children's included) to the code server's `cutime + cstime`
+(/proc/<pid>/stat). Read once all runs have ended (a worker still there adds its own), that total
+over the lake-writer runs that ended is the CPU per run (the maintenance, reconcile and analytics
+schedules are moved out of the bench's window, so the stream's runs are the only ones). The
+daemon's and the code servers' own CPU (queue, sensor ticks), the producer's and the Postgres
+backends' of the two databases (sampled each second: a lower bound) are reported apart.
 
-    .venv/bin/python bench/lag_bench.py --config quick              # smoke run, ~2 minutes
+Where a run's wall time goes comes from Dagster's event log: queued, launch (process start,
+imports, code location), drain (the lake work), report (the materialization events), finish.
+
+    .venv/bin/python bench/lag_bench.py --config quick              # smoke run, ~2-3 minutes
     .venv/bin/python bench/lag_bench.py --config target1 target2 --json lag.json
 
 Every process started (daemon, code server, run workers, producer) is stopped by its id at the
@@ -36,6 +41,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -125,7 +131,7 @@ def empty_database(prefix: str) -> Iterator[str]:
 
 def _stat(pid: int) -> list[str] | None:
     """/proc/<pid>/stat fields after the command name: [0] state, [1] ppid, [11] utime,
-    [12] stime, [13] cutime, [14] cstime (clock ticks)."""
+    [12] stime, [13] cutime, [14] cstime (clock ticks), [19] start time."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()
@@ -199,12 +205,7 @@ class ProcessCpu:
 
     def survivors(self) -> list[int]:
         """Processes seen under the daemon that are still running (not zombies), same start."""
-        found = []
-        for pid, started in self.started.items():
-            fields = _stat(pid)
-            if fields and fields[19] == started and fields[0] != "Z":
-                found.append(pid)
-        return found
+        return [pid for pid, started in self.started.items() if _started(pid) == started]
 
     def of(self, kind: str) -> list[int]:
         return [pid for pid, (k, _, _) in self.last.items() if k == kind]
@@ -220,18 +221,26 @@ class ProcessCpu:
         return sum(self.last[p][1] for p in self.of(kind))
 
 
-def stop(proc: subprocess.Popen, known: set[int], grace: float = 20.0) -> None:
+def _started(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[19] if fields and fields[0] != "Z" else None
+
+
+def stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
     """Stop a process we started and every process under it, each by its id: SIGTERM to the
-    top (the daemon shuts its code server and runs down), then SIGKILL to what is left, including
-    descendants seen earlier that outlived their parent."""
-    tree = set(descendants(proc.pid)) | known
+    top (the daemon shuts its code servers and runs down), then SIGKILL to what is left of the
+    tree as it was before (a process that kept its start time is the same process)."""
+    tree = {pid: _started(pid) for pid in descendants(proc.pid)}
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace)
-    for pid in sorted(tree | set(descendants(proc.pid)) | {proc.pid}):
-        if _stat(pid) is not None and (pid != proc.pid or proc.poll() is None):
+    tree.update({pid: _started(pid) for pid in descendants(proc.pid)})
+    if proc.poll() is None:
+        proc.kill()
+    for pid, started in tree.items():
+        if started is not None and _started(pid) == started:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -269,7 +278,7 @@ def deployment(lake_dsn: str, dagster_dsn: str, work: Path, sensor_interval: int
     (work / "lake").mkdir()
     daemon_bin = Path(sys.executable).parent / "dagster-daemon"
     log = open(work / "daemon.log", "w")  # noqa: SIM115 (closed below)
-    # Its own session: a Ctrl-C at the terminal reaches the bench, which stops it in order.
+    # Its own session: a Ctrl-C at the terminal reaches only the bench, which stops it in order.
     proc = subprocess.Popen(
         [str(daemon_bin), "run", "-w", str(REPO / "workspace.yaml")],
         cwd=work,
@@ -281,7 +290,7 @@ def deployment(lake_dsn: str, dagster_dsn: str, work: Path, sensor_interval: int
     try:
         yield proc, env
     finally:
-        stop(proc, set())
+        stop(proc)
         log.close()
 
 
@@ -351,7 +360,6 @@ def measure(
     result: dict = {"config": asdict(config), "sensor_interval_s": sensor_interval}
     result["load_before"] = _load()
     work = Path(tempfile.mkdtemp(prefix="oml_lag_bench_"))
-    producer: subprocess.Popen | None = None
     cpu: ProcessCpu | None = None
     try:
         with (
@@ -360,6 +368,7 @@ def measure(
             psycopg.connect(lake_dsn, autocommit=True) as lake,
             psycopg.connect(dagster_dsn, autocommit=True) as dagster,
             deployment(lake_dsn, dagster_dsn, work, sensor_interval) as (daemon, env),
+            contextlib.ExitStack() as cleanup,  # left first: the producer before the daemon
         ):
             result["daemon_ready_s"] = round(wait_for_sensor(dagster, daemon, timeout=300), 1)
             cpu = ProcessCpu(daemon.pid)
@@ -387,6 +396,8 @@ def measure(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            cleanup.callback(producer_log.close)
+            cleanup.callback(stop, producer, grace=5)
             samples: list[dict] = []
             stream_end: float | None = None
             producer_cpu = None
@@ -418,7 +429,6 @@ def measure(
                         producer.returncode = os.waitstatus_to_exitcode(status)
                         stream_end = t
                         producer_cpu = usage.ru_utime + usage.ru_stime
-                        producer_log.close()
                         if producer.returncode != 0:
                             raise RuntimeError(
                                 f"oml-lake simulate failed ({producer.returncode}): "
@@ -468,11 +478,16 @@ def measure(
                 "postgres_backends_sampled_s": round(backends.total_s(), 1),
             }
             result["run_phases"] = run_phases(dagster)
-            result["producer_report"] = (work / "simulate.log").read_text()[-1500:]
+            report = (work / "simulate.log").read_text()
+            result["producer_report"] = report[-1500:]
+            # The pace the producer reached ("N ops in T s = R ops/s"): short of the asked rate
+            # when the machine cannot write faster.
+            written = re.search(r"(\d+) ops in ([\d.]+) s", report)
+            if written:
+                result["ops_written"] = int(written[1])
+                result["ops_per_s_written"] = round(int(written[1]) / float(written[2]), 1)
             result["samples"] = samples
     finally:
-        if producer is not None and producer.returncode is None:
-            stop(producer, set(), grace=5)
         # Anything under the daemon that outlived it (the daemon is stopped on leaving the
         # `with`): ours, stopped by its id.
         leftovers = cpu.survivors() if cpu else []
@@ -597,7 +612,8 @@ def line(r: dict) -> str:
     c, cpu = r["config"], r["cpu"]
     gone = r["backlog_gone_after_s"]
     return (
-        f"{c['name']}: {c['rate']:g} ops/s over {c['tenants']} tenants for {r['stream_s']:.0f} s:"
+        f"{c['name']}: {c['rate']:g} ops/s over {c['tenants']} tenants for {r['stream_s']:.0f} s"
+        f" ({r.get('ops_written')} ops written, {r.get('ops_per_s_written')} ops/s):"
         f" lag p50 {r['lag_p50_s']:.1f} s, p95 {r['lag_p95_s']:.1f} s, max {r['lag_max_s']:.1f} s;"
         f" backlog max {r['backlog_max_ops']} ops ({r['unsequenced_max_ops']} unsequenced, oldest"
         f" {r['unsequenced_age_max_s']:.0f} s); "
@@ -611,7 +627,8 @@ def line(r: dict) -> str:
         f" {r['measured_s']:.0f} s measured; median {r['run_duration_p50_s']} s each); CPU per run"
         f" {cpu['per_run_s']} s ({cpu['run_workers_s']} s over {cpu['runs_ended']} runs; code"
         f" server {cpu['code_server_own_s']} s, daemon {cpu['daemon_own_s']} s, producer"
-        f" {cpu['producer_s']} s, Postgres backends >= {cpu['postgres_backends_sampled_s']} s); load 1-min mean {r['load1_mean']}, max {r['load1_max']}"
+        f" {cpu['producer_s']} s, Postgres backends >= {cpu['postgres_backends_sampled_s']} s);"
+        f" load 1-min mean {r['load1_mean']}, max {r['load1_max']}"
         f" (before {r['load_before'][0]:.2f}, after {r['load_after'][0]:.2f})\n  run phases"
         " (median / max s): "
         + ", ".join(

@@ -2,6 +2,7 @@
 # Every benchmark of issue 10, one after the other, each figure beside its baseline:
 #   bronze (drain vs write_deltalake), drain (rate per batch cap, RSS), simulate (outbox writes),
 #   retract (time vs silver size), history (commit latency at version ~100 vs ~10,000).
+# Issue 11's (lag under a stream with a real dagster-daemon, the sensor tick): bench/run_lag.sh.
 # Results go to bench/results/<UTC stamp>/ (one .log per benchmark, .json where the benchmark
 # writes one, the load average before and after each), then PNG plots into bench/plots/ when
 # matplotlib is installed (pip install -e ".[bench]"); a --quick run plots into its results folder.
