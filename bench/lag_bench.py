@@ -568,15 +568,19 @@ def run_phases(dagster: psycopg.Connection) -> dict:
 
 
 def summarize(config, samples, stream_end, gone_at, times, counts, started_wall, after_cap):
-    during = [s["lag_s"] for s in samples if s["streaming"]]
-    stream_seconds = stream_end or config.duration
-    window = samples[-1]["t"] if samples else stream_seconds
-    launched = [at - started_wall for _, at, _, _ in times if at is not None]
+    # The stream starts with its first op, not with the producer's process: creating the tenants
+    # first takes a while, and those samples (nothing to drain) would flatter the percentiles.
+    first_op = next((s["t"] for s in samples if s["backlog_ops"] > 0), 0.0)
+    during = [s["lag_s"] for s in samples if s["streaming"] and s["t"] >= first_op]
+    stream_seconds = max((stream_end or config.duration) - first_op, 1.0)
+    window = (samples[-1]["t"] if samples else stream_seconds) - first_op
+    launched = [at - started_wall - first_op for _, at, _, _ in times if at is not None]
     durations = [end - st for _, _, st, end in times if st is not None and end is not None]
     loads = [s["load1"] for s in samples]
     gone_after = (gone_at - stream_end) if gone_at is not None and stream_end is not None else None
     out = {
         "stream_s": round(stream_seconds, 1),
+        "first_op_s": first_op,
         "lag_p50_s": round(_pct(during, 0.50), 1),
         "lag_p95_s": round(_pct(during, 0.95), 1),
         "lag_max_s": round(max(during, default=0.0), 1),

@@ -74,14 +74,15 @@ def lag_plot(results: dict, out: str) -> None:
         (line,) = lag_ax.plot(t, [s["lag_s"] for s in r["samples"]], label=label)
         backlog_ax.plot(t, [s["backlog_ops"] for s in r["samples"]], color=line.get_color())
         for ax in (lag_ax, backlog_ax):
-            ax.axvline(r["stream_s"], color=line.get_color(), linestyle=":", linewidth=1)
+            end = r.get("first_op_s", 0.0) + r["stream_s"]
+            ax.axvline(end, color=line.get_color(), linestyle=":", linewidth=1)
         if c.get("p95_target_s"):
             lag_ax.axhline(c["p95_target_s"], color=line.get_color(), linestyle="--", linewidth=1)
     lag_ax.set_ylabel("lag (s)")
     lag_ax.set_title("lag under a paced stream (dotted: stream end; dashed: p95 target)")
     lag_ax.legend(fontsize=8)
     backlog_ax.set_ylabel("ops not drained")
-    backlog_ax.set_xlabel("seconds since the stream started")
+    backlog_ax.set_xlabel("seconds since the producer started")
     for ax in (lag_ax, backlog_ax):
         ax.grid(True, alpha=0.3)
     _save(fig, out, "lag_over_time.png")

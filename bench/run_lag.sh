@@ -7,7 +7,7 @@
 # (bench/plots/lag_over_time.png; a --quick run plots into its results folder).
 # The figures mean something only on an otherwise idle machine: check `cat /proc/loadavg` first.
 #
-#   bench/run_lag.sh            # targets 1 and 2 (120 s streams) and the sensor tick: ~10-20 min
+#   bench/run_lag.sh            # targets 1 and 2 (120 s streams) and the sensor tick: ~8-25 min
 #   bench/run_lag.sh --quick    # smoke sizes: ~3 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
