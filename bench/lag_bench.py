@@ -31,6 +31,10 @@ imports, code location), drain (the lake work), report (the materialization even
     .venv/bin/python bench/lag_bench.py --config quick              # smoke run, ~2-3 minutes
     .venv/bin/python bench/lag_bench.py --config target1 target2 --json lag.json
 
+The code location's settings pass through the environment as deployed: e.g.
+`OML_RUN_DRAIN_SECONDS=0` measures one batch per run; `--max-concurrent-runs` replaces
+dagster.yaml's run cap (as DAGSTER_MAX_CONCURRENT_RUNS does for deploy/dagster_home.sh).
+
 Every process started (daemon, code server, run workers, producer) is stopped by its id at the
 end, on Ctrl-C and on errors too, and both databases are dropped.
 """
@@ -251,11 +255,23 @@ def stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def deployment(lake_dsn: str, dagster_dsn: str, work: Path, sensor_interval: int):
-    """dagster-daemon on a fresh DAGSTER_HOME with the repository's dagster.yaml, stopped after."""
+def deployment(
+    lake_dsn: str, dagster_dsn: str, work: Path, sensor_interval: int, max_runs: int | None
+):
+    """dagster-daemon on a fresh DAGSTER_HOME rendered from the repository's dagster.yaml as a
+    deployment renders it (deploy/dagster_home.sh; `max_runs` replaces its global run cap),
+    stopped after."""
     home = work / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    render_env = dict(os.environ)
+    render_env.pop("DAGSTER_MAX_CONCURRENT_RUNS", None)
+    if max_runs is not None:
+        render_env["DAGSTER_MAX_CONCURRENT_RUNS"] = str(max_runs)
+    subprocess.run(
+        [str(REPO / "deploy" / "dagster_home.sh"), str(home)],
+        env=render_env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     info = psycopg.conninfo.conninfo_to_dict(dagster_dsn)
     env = dict(os.environ)
     env.update(
@@ -351,13 +367,19 @@ def measure(
     config: Config,
     *,
     sensor_interval: int,
+    max_runs: int | None,
     after_cap: float,
     claims: int,
     writers: int,
     seed: int,
     keep: Path | None,
 ) -> dict:
-    result: dict = {"config": asdict(config), "sensor_interval_s": sensor_interval}
+    result: dict = {
+        "config": asdict(config),
+        "sensor_interval_s": sensor_interval,
+        "max_concurrent_runs": max_runs or "dagster.yaml",
+        "run_drain_seconds": os.environ.get("OML_RUN_DRAIN_SECONDS") or "default",
+    }
     result["load_before"] = _load()
     work = Path(tempfile.mkdtemp(prefix="oml_lag_bench_"))
     cpu: ProcessCpu | None = None
@@ -367,7 +389,7 @@ def measure(
             empty_database("oml_lag_bench_dagster") as dagster_dsn,
             psycopg.connect(lake_dsn, autocommit=True) as lake,
             psycopg.connect(dagster_dsn, autocommit=True) as dagster,
-            deployment(lake_dsn, dagster_dsn, work, sensor_interval) as (daemon, env),
+            deployment(lake_dsn, dagster_dsn, work, sensor_interval, max_runs) as (daemon, env),
             contextlib.ExitStack() as cleanup,  # left first: the producer before the daemon
         ):
             result["daemon_ready_s"] = round(wait_for_sensor(dagster, daemon, timeout=300), 1)
@@ -655,6 +677,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, help="override the configs' stream seconds")
     parser.add_argument("--sensor-interval", type=int, default=5, help="seconds (default 5)")
     parser.add_argument(
+        "--max-concurrent-runs",
+        type=int,
+        help="replace dagster.yaml's global run cap (default: as in dagster.yaml)",
+    )
+    parser.add_argument(
         "--after-cap", type=float, default=300, help="seconds to wait for the backlog after"
     )
     parser.add_argument("--claims", type=int, default=5000, help="claims per tenant (ample)")
@@ -685,13 +712,17 @@ def main() -> None:
             config = Config(**{**asdict(config), **overrides})
         print(
             f"== {config.name}: {config.rate:g} ops/s, {config.tenants} tenants, "
-            f"{config.duration:g} s; load {os.getloadavg()[0]:.2f}",
+            f"{config.duration:g} s; sensor every {args.sensor_interval} s, run cap"
+            f" {args.max_concurrent_runs or 'as in dagster.yaml'}, OML_RUN_DRAIN_SECONDS"
+            f" {os.environ.get('OML_RUN_DRAIN_SECONDS') or 'default'};"
+            f" load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
         started = time.monotonic()
         r = measure(
             config,
             sensor_interval=args.sensor_interval,
+            max_runs=args.max_concurrent_runs,
             after_cap=args.after_cap,
             claims=args.claims,
             writers=args.writers,
