@@ -32,7 +32,8 @@ imports, code location), drain (the lake work), report (the materialization even
     .venv/bin/python bench/lag_bench.py --config target1 target2 --json lag.json
 
 The code location's settings pass through the environment as deployed: e.g.
-`OML_RUN_DRAIN_SECONDS=0` measures one batch per run; `--max-concurrent-runs` replaces
+`OML_RUN_DRAIN_SECONDS=0` measures one batch per run, `OML_DRAIN_SHARDS=0` one run per tenant
+(ADR 0021) instead of one per shard of tenants (ADR 0027); `--max-concurrent-runs` replaces
 dagster.yaml's run cap (as DAGSTER_MAX_CONCURRENT_RUNS does for deploy/dagster_home.sh).
 
 Every process started (daemon, code server, run workers, producer) is stopped by its id at the
@@ -67,7 +68,8 @@ except ImportError:  # run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-JOB = "lake_writer_job"
+# The lake-writer runs: one per tenant (ADR 0021, backfills) and one per shard of tenants (ADR 0027).
+JOBS = ["lake_writer_job", "lake_writer_shard_job"]
 # Far from any bench run: the nightly maintenance, reconcile and analytics schedules must not
 # start runs in the measured window (they are not the stream's work).
 NEVER_IN_WINDOW = "0 0 29 2 *"
@@ -327,7 +329,7 @@ def wait_for_sensor(dagster: psycopg.Connection, proc: subprocess.Popen, timeout
 
 def run_counts(dagster: psycopg.Connection) -> dict[str, int]:
     rows = dagster.execute(
-        "SELECT status, count(*) FROM runs WHERE pipeline_name = %s GROUP BY status", (JOB,)
+        "SELECT status, count(*) FROM runs WHERE pipeline_name = ANY(%s) GROUP BY status", (JOBS,)
     ).fetchall()
     return dict(rows)
 
@@ -340,9 +342,9 @@ def run_times(
     return dagster.execute(
         "SELECT r.status, extract(epoch FROM min(e.timestamp) AT TIME ZONE 'UTC')::float8,"
         " r.start_time, r.end_time FROM runs r LEFT JOIN event_logs e ON e.run_id = r.run_id"
-        " AND e.dagster_event_type = 'PIPELINE_STARTING' WHERE r.pipeline_name = %s"
+        " AND e.dagster_event_type = 'PIPELINE_STARTING' WHERE r.pipeline_name = ANY(%s)"
         " GROUP BY r.run_id, r.status, r.start_time, r.end_time",
-        (JOB,),
+        (JOBS,),
     ).fetchall()
 
 
@@ -379,6 +381,7 @@ def measure(
         "sensor_interval_s": sensor_interval,
         "max_concurrent_runs": max_runs or "dagster.yaml",
         "run_drain_seconds": os.environ.get("OML_RUN_DRAIN_SECONDS") or "default",
+        "drain_shards": os.environ.get("OML_DRAIN_SHARDS") or "default",
     }
     result["load_before"] = _load()
     work = Path(tempfile.mkdtemp(prefix="oml_lag_bench_"))
@@ -570,9 +573,9 @@ def run_phases(dagster: psycopg.Connection) -> dict:
     materialization events), finish. Launch is wall time: on a loaded machine it stretches."""
     rows = dagster.execute(
         "SELECT e.run_id, e.dagster_event_type, min(e.timestamp) FROM event_logs e"
-        " JOIN runs r ON r.run_id = e.run_id WHERE r.pipeline_name = %s"
+        " JOIN runs r ON r.run_id = e.run_id WHERE r.pipeline_name = ANY(%s)"
         " AND e.dagster_event_type = ANY(%s) GROUP BY 1, 2",
-        (JOB, sorted({t for pair in _PHASES.values() for t in pair})),
+        (JOBS, sorted({t for pair in _PHASES.values() for t in pair})),
     ).fetchall()
     at: dict[str, dict[str, object]] = {}
     for run_id, kind, ts in rows:
@@ -714,7 +717,8 @@ def main() -> None:
             f"== {config.name}: {config.rate:g} ops/s, {config.tenants} tenants, "
             f"{config.duration:g} s; sensor every {args.sensor_interval} s, run cap"
             f" {args.max_concurrent_runs or 'as in dagster.yaml'}, OML_RUN_DRAIN_SECONDS"
-            f" {os.environ.get('OML_RUN_DRAIN_SECONDS') or 'default'};"
+            f" {os.environ.get('OML_RUN_DRAIN_SECONDS') or 'default'}, OML_DRAIN_SHARDS"
+            f" {os.environ.get('OML_DRAIN_SHARDS') or 'default'};"
             f" load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
