@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import json
 import os
 import re
@@ -188,6 +189,8 @@ class ProcessCpu:
         self.last: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, own, reaped children)
         self.first_children: dict[int, float] = {}
         self.started: dict[int, str] = {}  # pid -> start time, so a reused pid is never ours
+        # Each run worker's CPU over time: [(epoch seconds, own + reaped children CPU)].
+        self.series: dict[int, list[tuple[float, float]]] = {}
 
     @staticmethod
     def kind(pid: int) -> str:
@@ -207,6 +210,8 @@ class ProcessCpu:
                 self.first_children[pid] = children
                 self.started[pid] = (_stat(pid) or [""] * 20)[19]
             self.last[pid] = (kind, own, children)
+            if kind == "run_worker":
+                self.series.setdefault(pid, []).append((time.time(), own + children))
         return pids
 
     def survivors(self) -> list[int]:
@@ -503,6 +508,7 @@ def measure(
                 "postgres_backends_sampled_s": round(backends.total_s(), 1),
             }
             result["run_phases"] = run_phases(dagster)
+            result["cpu"].update(start_cpu(dagster, cpu))
             report = (work / "simulate.log").read_text()
             result["producer_report"] = report[-1500:]
             # The pace the producer reached ("N ops in T s = R ops/s"): short of the asked rate
@@ -553,6 +559,35 @@ class BackendCpu:
 
     def total_s(self) -> float:
         return sum(self.last[p] - self.first[p] for p in self.last)
+
+
+def start_cpu(dagster: psycopg.Connection, cpu: ProcessCpu) -> dict:
+    """How much of a run worker's CPU is spent before its step starts (process start, imports,
+    the code location, the instance): the worker's CPU at the last sample before the run's
+    STEP_START (a lower bound, up to a second short), against its CPU at its last sample (up to a
+    second short too). The worker is found by the pid Dagster records in the run's events."""
+    rows = dagster.execute(
+        "SELECT e.run_id, e.event, e.timestamp FROM event_logs e JOIN runs r"
+        " ON r.run_id = e.run_id WHERE r.pipeline_name = ANY(%s)"
+        " AND e.dagster_event_type = 'STEP_START'",
+        (JOBS,),
+    ).fetchall()
+    before_step, total = [], []
+    for _, event, at in rows:
+        pid = (json.loads(event).get("dagster_event") or {}).get("pid")
+        series = cpu.series.get(pid) or []
+        step_at = at.replace(tzinfo=dt.UTC).timestamp()
+        earlier = [used for when, used in series if when <= step_at]
+        if earlier:
+            before_step.append(earlier[-1])
+            total.append(series[-1][1])
+    if not before_step:
+        return {}
+    return {
+        "worker_before_step_median_s": round(statistics.median(before_step), 2),
+        "worker_sampled_median_s": round(statistics.median(total), 2),
+        "workers_matched": len(before_step),
+    }
 
 
 # Where a run's wall time goes, from Dagster's own event log (legacy event type names).
@@ -662,6 +697,13 @@ def line(r: dict) -> str:
         " (median / max s): "
         + ", ".join(
             f"{k} {v['median_s']:.1f} / {v['max_s']:.1f}" for k, v in r["run_phases"].items()
+        )
+        + (
+            f"\n  a worker's CPU before its step starts: median"
+            f" {cpu['worker_before_step_median_s']} s of {cpu['worker_sampled_median_s']} s"
+            f" sampled ({cpu['workers_matched']} workers)"
+            if "worker_before_step_median_s" in cpu
+            else ""
         )
     )
 
