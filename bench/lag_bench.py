@@ -27,6 +27,8 @@ backends' of the two databases (sampled each second: a lower bound) are reported
 
 Where a run's wall time goes comes from Dagster's event log: queued, launch (process start,
 imports, code location), drain (the lake work), report (the materialization events), finish.
+Each run worker's CPU is sampled too: what it has used when its step starts is the cost of
+starting a run.
 
     .venv/bin/python bench/lag_bench.py --config quick              # smoke run, ~2-3 minutes
     .venv/bin/python bench/lag_bench.py --config target1 target2 --json lag.json
