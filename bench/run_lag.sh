@@ -47,7 +47,7 @@ run() {
 
 run lag bench/lag_bench.py "${LAG[@]}" --json "$OUT/lag.json" --logs "$OUT/logs"
 # sensor_bench.py asserts one run request per pending tenant: the per-tenant mode (ADR 0021).
-OML_DRAIN_SHARDS=0 run sensor bench/sensor_bench.py "${SENSOR[@]}" --json "$OUT/sensor.json"
+run sensor bench/sensor_bench.py "${SENSOR[@]}" --json "$OUT/sensor.json"
 
 if "$PY" -c "import matplotlib" 2>/dev/null; then
   if [ "$SIZE" = quick ]; then PLOTS=$OUT/plots; else PLOTS=bench/plots; fi

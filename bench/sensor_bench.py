@@ -130,7 +130,7 @@ def dagster_instance(storage: str, dsn: str) -> Iterator[DagsterInstance]:
 def scenario(tenants: int, pending: int, steady: int, profile: bool, storage: str) -> dict:
     from oml_dagster.definitions import defs
     from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
-    from oml_dagster.defs.resources import build_resources
+    from oml_dagster.defs.resources import WriterResource, build_resources
 
     sensor = defs.get_sensor_def("outbox_sensor")
     result: dict = {
@@ -150,7 +150,9 @@ def scenario(tenants: int, pending: int, steady: int, profile: bool, storage: st
                 fresh_database("oml_sensor_bench_dagster") as dagster_dsn,
                 dagster_instance(storage, dagster_dsn) as instance,
             ):
-                resources = build_resources()
+                # The per-tenant mode (OML_DRAIN_SHARDS=0): one run request per pending tenant,
+                # the tick's worst case; shard runs ask for at most one run per shard.
+                resources = {**build_resources(), "writer": WriterResource(drain_shards=0)}
                 first = tick(defs, sensor, instance, resources)
                 known = len(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME))
                 assert first["partitions_added"] == tenants == known, (first, known)
