@@ -229,40 +229,26 @@ SCHEDULE_TIMEZONE: Setting[str] = Setting(
     "The timezone of every schedule; OML_MAINTENANCE_TZ, its earlier name, is still read.",
     aliases=("OML_MAINTENANCE_TZ",),
 )
-RECONCILE_CRON: Setting[str] = Setting(
+
+
+def _cron_setting(name: str, default: str, description: str) -> Setting[str]:
+    return Setting(name, default, _cron, "a five-field cron expression", description)
+
+
+RECONCILE_CRON = _cron_setting(
     "OML_RECONCILE_CRON",
     "30 5 * * *",
-    _cron,
-    "a five-field cron expression",
     "When the reconciler's checks and the erasure evidence run, per tenant.",
 )
-ANALYTICS_CRON: Setting[str] = Setting(
-    "OML_ANALYTICS_CRON",
-    "0 6 * * *",
-    _cron,
-    "a five-field cron expression",
-    "When the analytics assets are computed, per tenant.",
+ANALYTICS_CRON = _cron_setting(
+    "OML_ANALYTICS_CRON", "0 6 * * *", "When the analytics assets are computed, per tenant."
 )
-COMPACT_CRON: Setting[str] = Setting(
-    "OML_COMPACT_CRON",
-    "0 2 * * *",
-    _cron,
-    "a five-field cron expression",
-    "Bin-pack OPTIMIZE of every table.",
+COMPACT_CRON = _cron_setting("OML_COMPACT_CRON", "0 2 * * *", "Bin-pack OPTIMIZE of every table.")
+ZORDER_CRON = _cron_setting(
+    "OML_ZORDER_CRON", "0 3 * * 0", "Z-order OPTIMIZE of silver, curated and lineage."
 )
-ZORDER_CRON: Setting[str] = Setting(
-    "OML_ZORDER_CRON",
-    "0 3 * * 0",
-    _cron,
-    "a five-field cron expression",
-    "Z-order OPTIMIZE of silver, curated and lineage.",
-)
-VACUUM_CRON: Setting[str] = Setting(
-    "OML_VACUUM_CRON",
-    "0 4 * * *",
-    _cron,
-    "a five-field cron expression",
-    "Checkpoint, VACUUM and log cleanup of every table.",
+VACUUM_CRON = _cron_setting(
+    "OML_VACUUM_CRON", "0 4 * * *", "Checkpoint, VACUUM and log cleanup of every table."
 )
 ERASURE_CADENCE_SECONDS: Setting[int] = Setting(
     "OML_ERASURE_CADENCE_SECONDS",

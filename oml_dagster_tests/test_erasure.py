@@ -294,18 +294,28 @@ def test_erasure_evidence_command_exits_nonzero_on_a_breach(conn, dsn, lake):
     assert "dead-lettered at seq" in done.stdout
 
 
-def test_a_superseded_file_ages_from_its_removal_not_its_writing(conn, lake):
-    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+def erase_a_claim_written_long_ago(conn, lake: Lake, bound: dt.timedelta, age: dt.timedelta):
+    """A claim promoted, its silver files dated `age` back, then erased and drained: the erase
+    removes (tombstones) those files just now. Returns the tenant's keys, tree, silver's root and
+    the files' date."""
+    keys = producer.create_tenant(conn, erasure_bound=bound)
     tree = make_tree(conn, keys)
     c = claim(tree.a)
     acts.promote(conn, keys, c, b"old body")
     drain_all(conn, lake)
     silver_uri = Path(lake.table_uri(keys.tenant_id, SILVER_CLAIMS))
-    long_ago = time.time() - 86400
+    long_ago = time.time() - age.total_seconds()
     for f in silver_uri.glob("*.parquet"):
-        os.utime(f, (long_ago, long_ago))  # written a day ago
+        os.utime(f, (long_ago, long_ago))
     acts.erase(conn, keys, c)
     drain_all(conn, lake)
+    return keys, tree, silver_uri, long_ago
+
+
+def test_a_superseded_file_ages_from_its_removal_not_its_writing(conn, lake):
+    keys, _, silver_uri, long_ago = erase_a_claim_written_long_ago(
+        conn, lake, BOUND, dt.timedelta(days=1)
+    )
     drained_at = dt.datetime.now(dt.UTC)  # pinned: a slow machine must not age the removal
     evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=drained_at)
     silver = next(t for t in evidence.tables if t.table == SILVER_CLAIMS.name)
@@ -323,18 +333,9 @@ def test_a_superseded_file_ages_from_its_removal_not_its_writing(conn, lake):
 def test_a_tombstone_kept_only_in_a_multi_part_checkpoint_still_dates_the_removal(conn, lake):
     """Log cleanup leaves the removes of expired commits only in the checkpoint; a checkpoint in
     parts (as Spark writes them) holds them as well as a single file does."""
-    bound = dt.timedelta(hours=1)
-    keys = producer.create_tenant(conn, erasure_bound=bound)
-    tree = make_tree(conn, keys)
-    c = claim(tree.a)
-    acts.promote(conn, keys, c, b"old body")
-    drain_all(conn, lake)
-    silver_uri = Path(lake.table_uri(keys.tenant_id, SILVER_CLAIMS))
-    long_ago = time.time() - 3 * 86400
-    for f in silver_uri.glob("*.parquet"):
-        os.utime(f, (long_ago, long_ago))  # written three days ago
-    acts.erase(conn, keys, c)
-    drain_all(conn, lake)
+    keys, tree, silver_uri, _ = erase_a_claim_written_long_ago(
+        conn, lake, dt.timedelta(hours=1), dt.timedelta(days=3)
+    )
     acts.promote(conn, keys, claim(tree.a), b"another")
     drain_all(conn, lake)
     lake.open(str(silver_uri)).create_checkpoint()
