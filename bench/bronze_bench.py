@@ -27,8 +27,8 @@ from deltalake import write_deltalake
 from oml_dagster.lake import sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.tables import BRONZE_EVENTS
-from oml_dagster.lake.writer import WriterConfig, writer_properties
+from oml_dagster.lake.tables import BRONZE_EVENTS, writer_properties
+from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.simulate import producer
 
 try:

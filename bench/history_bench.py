@@ -28,9 +28,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from oml_dagster.lake import writer
+from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, CHECKPOINT_INTERVAL
-from oml_dagster.lake.writer import DEFAULT_ERASURE_BOUND, WriterConfig
+from oml_dagster.lake.writer import WriterConfig
 
 try:
     from bench._support import machine

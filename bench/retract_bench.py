@@ -35,9 +35,10 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from oml_dagster.lake import maintenance, sequencer
+from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
 from oml_dagster.lake.storage import Lake, query, sql_in
-from oml_dagster.lake.tables import CORE_TABLES, SILVER_CLAIMS, TIMESTAMP
-from oml_dagster.lake.writer import DEFAULT_ERASURE_BOUND, drain_tenant, writer_properties
+from oml_dagster.lake.tables import CORE_TABLES, SILVER_CLAIMS, TIMESTAMP, writer_properties
+from oml_dagster.lake.writer import drain_tenant
 from oml_dagster.simulate import producer
 
 try:

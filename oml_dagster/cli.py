@@ -1,5 +1,6 @@
 """`oml-lake`: the lake-writer's command line (DESIGN §2-§3). Environment: OML_PG_DSN,
-OML_LAKE_URI, OML_LAKE_STORAGE_OPTIONS."""
+OML_LAKE_URI, OML_LAKE_STORAGE_OPTIONS, OML_MAX_BATCH, OML_TXN_LAG_LIMIT,
+OML_ERASURE_CADENCE_SECONDS and the rest of `oml_dagster.settings`."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import getpass
 import json
 import sys
 
-from .lake import analytics_cli, db, deadletter, maintenance_cli, sequencer
+from . import maintenance_cli
+from .lake import analytics_cli, db, deadletter, sequencer
 from .lake.doctor import DEFAULT_LAG_LIMIT, examine
 from .lake.drain import DrainPass, drain
-from .lake.erasure import DEFAULT_CADENCE, erased_artifacts, erasure_evidence
+from .lake.erasure import erased_artifacts, erasure_evidence
 from .lake.errors import LakeError
-from .lake.maintenance import known_tenants
+from .lake.policy import erasure_cadence, known_tenants, lag
 from .lake.reconcile import reconcile
 from .lake.storage import Lake
-from .lake.writer import WriterConfig, lag
+from .lake.writer import WriterConfig
+from .settings import writer_batch
 from .simulate.cli import register as register_simulate
 
 
@@ -59,9 +62,20 @@ def cmd_sequence(args: argparse.Namespace) -> int:
     return 0
 
 
+def _writer_config(max_batch: int | None) -> WriterConfig:
+    """The batch settings of OML_MAX_BATCH and OML_TXN_LAG_LIMIT (as the Dagster resource takes
+    them), `--max-batch` over the first."""
+    default_batch, lag_limit = writer_batch()
+    return WriterConfig.for_batch(max_batch or default_batch, lag_limit)
+
+
+def _cadence(hours: float | None) -> dt.timedelta:
+    return dt.timedelta(hours=hours) if hours is not None else erasure_cadence()
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
-    config = WriterConfig.for_batch(args.max_batch)
+    config = _writer_config(args.max_batch)
 
     with db.connect(autocommit=True) as conn:
 
@@ -103,18 +117,17 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tenants(conn, named: list[str] | None) -> list[str]:
+    """The tenants named, else every tenant Postgres knows."""
+    return named or known_tenants(conn)
+
+
 def cmd_erasure_evidence(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
-    cadence = dt.timedelta(hours=args.cadence_hours)
+    cadence = _cadence(args.cadence_hours)
     breached = False
     with db.connect(autocommit=True) as conn:
-        tenants = args.tenant or [
-            t
-            for (t,) in conn.execute(
-                "SELECT tenant_id::text FROM oml.tenant_policy ORDER BY tenant_id"
-            )
-        ]
-        for tenant_id in tenants:
+        for tenant_id in _tenants(conn, args.tenant):
             evidence = erasure_evidence(conn, lake, tenant_id, cadence=cadence)
             per_artifact = erased_artifacts(
                 conn, lake, tenant_id, cadence=cadence, now=evidence.checked_at
@@ -165,10 +178,6 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
     return 1 if breached else 0
 
 
-def _tenants(conn, named: list[str] | None) -> list[str]:
-    return named or known_tenants(conn)
-
-
 def cmd_reconcile(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
     found = False
@@ -194,7 +203,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
-    cadence = dt.timedelta(hours=args.cadence_hours)
+    cadence = _cadence(args.cadence_hours)
     lag_limit = dt.timedelta(seconds=args.lag_seconds)
     unwell = False
     with db.connect(autocommit=True) as conn:
@@ -260,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--tenant", action="append", help="drain this tenant (repeatable)")
     dr.add_argument("--until-idle", action="store_true", help="pass after pass until nothing moves")
     dr.add_argument(
-        "--max-batch", type=int, default=WriterConfig.max_batch, help="ops per tenant batch"
+        "--max-batch", type=int, default=None, help="ops per tenant batch (default: OML_MAX_BATCH)"
     )
     dr.set_defaults(func=cmd_drain)
 
@@ -269,8 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--cadence-hours",
         type=float,
-        default=DEFAULT_CADENCE.total_seconds() / 3600,
-        help="maintenance cadence allowed on top of the bound",
+        default=None,
+        help="maintenance cadence allowed on top of the bound (default: "
+        "OML_ERASURE_CADENCE_SECONDS, a day)",
     )
     ev.add_argument(
         "--json", action="store_true", help="one JSON object per tenant, per erased version"
@@ -291,8 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument(
         "--cadence-hours",
         type=float,
-        default=DEFAULT_CADENCE.total_seconds() / 3600,
-        help="maintenance cadence: an erasure within this of its deadline is at risk",
+        default=None,
+        help="maintenance cadence: an erasure within this of its deadline is at risk (default: "
+        "OML_ERASURE_CADENCE_SECONDS, a day)",
     )
     dc.add_argument(
         "--lag-seconds",

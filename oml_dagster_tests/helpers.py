@@ -92,3 +92,26 @@ def lake_snapshot(lake, tenant_id: str) -> dict[str, list[dict]]:
         name: sorted(read_rows(lake.open(uri), spec), key=repr)
         for name, spec, uri in tenant_tables(lake, tenant_id)
     }
+
+
+def split_checkpoint(table_uri: str, parts: int) -> int:
+    """Rewrite the table's latest single-file checkpoint as a `parts`-part checkpoint
+    (`v.checkpoint.000000000i.000000000n.parquet`, as Spark writes them) and point
+    `_last_checkpoint` at it; returns the checkpoint's version."""
+    import json
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    log = Path(table_uri) / "_delta_log"
+    hint = json.loads((log / "_last_checkpoint").read_text())
+    version = int(hint["version"])
+    single = log / f"{version:020d}.checkpoint.parquet"
+    actions = pq.read_table(single)
+    size = -(-actions.num_rows // parts)
+    for part in range(parts):
+        name = f"{version:020d}.checkpoint.{part + 1:010d}.{parts:010d}.parquet"
+        pq.write_table(actions.slice(part * size, size), log / name)
+    single.unlink()
+    (log / "_last_checkpoint").write_text(json.dumps({"version": version, "parts": parts}))
+    return version

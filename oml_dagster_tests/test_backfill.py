@@ -8,7 +8,7 @@ import subprocess
 
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 
-from oml_dagster.lake.writer import lag
+from oml_dagster.lake.policy import lag
 
 from .dagster_support import (
     BIN,

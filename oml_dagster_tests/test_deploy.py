@@ -19,7 +19,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from oml_dagster.lake import storage
+from oml_dagster import settings
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "deploy" / "docker"
@@ -72,9 +72,11 @@ def helm() -> dict:
 
 
 def names_the_code_reads() -> set[str]:
-    """Environment variables read anywhere in the package, by the lake's storage options, and by
-    dagster.yaml (`{env: NAME}`)."""
-    names = set(storage._ENV_OPTIONS)
+    """Environment variables read anywhere in the package: every setting (and its earlier names),
+    the lake's storage options, other reads of the environment, and dagster.yaml
+    (`{env: NAME}`)."""
+    names = set(settings.AWS_PASSTHROUGH)
+    names.update(n for s in settings.SETTINGS for n in (s.name, *s.aliases))
     pattern = re.compile(
         r"""(?:environ(?:\.get)?|env\.get|getenv)[\[(]\s*["']([A-Z][A-Z0-9_]+)["']"""
     )

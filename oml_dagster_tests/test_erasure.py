@@ -17,12 +17,12 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
-from oml_dagster.lake import deadletter, maintenance
+from oml_dagster.lake import deadletter, deltalog, maintenance
 from oml_dagster.lake.erasure import erased_artifacts, erasure_evidence
 from oml_dagster.lake.storage import Lake, conform, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, GOLD_CURATED, SILVER_CLAIMS, TableSpec
 from oml_dagster.simulate import acts, producer
-from oml_dagster_tests.helpers import claim, drain_all, make_tree
+from oml_dagster_tests.helpers import claim, drain_all, make_tree, split_checkpoint
 
 BOUND = dt.timedelta(seconds=2)
 
@@ -136,7 +136,7 @@ def test_erased_ciphertext_leaves_every_file_under_the_tenant_prefix(conn, lake)
     # No log entry older than the bound survives except the checkpoint's own commit.
     cutoff = time.time() - BOUND.total_seconds()
     for name, _, uri in tenant_tables(lake, keys.tenant_id):
-        checkpoint = maintenance.last_checkpoint(lake, uri)
+        checkpoint = deltalog.last_checkpoint(lake.filesystem(uri))
         for entry in (Path(uri) / "_delta_log").glob("*.json"):
             if entry.stat().st_mtime < cutoff:
                 assert checkpoint is not None and int(entry.name[:20]) >= checkpoint, (name, entry)
@@ -178,7 +178,7 @@ def test_log_cleanup_keeps_the_latest_version_and_ends_time_travel(conn, lake):
         assert table.version() in (version, version + 2)  # VACUUM START and END, if any
         assert read_rows(table, spec) == rows
         assert table.transaction_version(APP_ID) == txns[name]
-        checkpoint = maintenance.last_checkpoint(lake, uri)
+        checkpoint = deltalog.last_checkpoint(lake.filesystem(uri))
         if version > 0:
             # Versions before the checkpoint the cleanup kept are gone: time travel to them
             # fails ("No files in log segment", a TableNotFoundError).
@@ -294,18 +294,28 @@ def test_erasure_evidence_command_exits_nonzero_on_a_breach(conn, dsn, lake):
     assert "dead-lettered at seq" in done.stdout
 
 
-def test_a_superseded_file_ages_from_its_removal_not_its_writing(conn, lake):
-    keys = producer.create_tenant(conn, erasure_bound=BOUND)
+def erase_a_claim_written_long_ago(conn, lake: Lake, bound: dt.timedelta, age: dt.timedelta):
+    """A claim promoted, its silver files dated `age` back, then erased and drained: the erase
+    removes (tombstones) those files just now. Returns the tenant's keys, tree, silver's root and
+    the files' date."""
+    keys = producer.create_tenant(conn, erasure_bound=bound)
     tree = make_tree(conn, keys)
     c = claim(tree.a)
     acts.promote(conn, keys, c, b"old body")
     drain_all(conn, lake)
     silver_uri = Path(lake.table_uri(keys.tenant_id, SILVER_CLAIMS))
-    long_ago = time.time() - 86400
+    long_ago = time.time() - age.total_seconds()
     for f in silver_uri.glob("*.parquet"):
-        os.utime(f, (long_ago, long_ago))  # written a day ago
+        os.utime(f, (long_ago, long_ago))
     acts.erase(conn, keys, c)
     drain_all(conn, lake)
+    return keys, tree, silver_uri, long_ago
+
+
+def test_a_superseded_file_ages_from_its_removal_not_its_writing(conn, lake):
+    keys, _, silver_uri, long_ago = erase_a_claim_written_long_ago(
+        conn, lake, BOUND, dt.timedelta(days=1)
+    )
     drained_at = dt.datetime.now(dt.UTC)  # pinned: a slow machine must not age the removal
     evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=drained_at)
     silver = next(t for t in evidence.tables if t.table == SILVER_CLAIMS.name)
@@ -318,6 +328,31 @@ def test_a_superseded_file_ages_from_its_removal_not_its_writing(conn, lake):
     evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
     silver = next(t for t in evidence.tables if t.table == SILVER_CLAIMS.name)
     assert silver.overdue_files == [orphan.name]
+
+
+def test_a_tombstone_kept_only_in_a_multi_part_checkpoint_still_dates_the_removal(conn, lake):
+    """Log cleanup leaves the removes of expired commits only in the checkpoint; a checkpoint in
+    parts (as Spark writes them) holds them as well as a single file does."""
+    keys, tree, silver_uri, _ = erase_a_claim_written_long_ago(
+        conn, lake, dt.timedelta(hours=1), dt.timedelta(days=3)
+    )
+    acts.promote(conn, keys, claim(tree.a), b"another")
+    drain_all(conn, lake)
+    lake.open(str(silver_uri)).create_checkpoint()
+    version = split_checkpoint(str(silver_uri), 3)
+    for commit in (silver_uri / "_delta_log").glob("*.json"):
+        if int(commit.name[:20]) < version:
+            commit.unlink()
+    drained_at = dt.datetime.now(dt.UTC)
+    evidence = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE, now=drained_at)
+    silver = next(t for t in evidence.tables if t.table == SILVER_CLAIMS.name)
+    assert silver.unreferenced_files >= 1
+    assert silver.overdue_files == [], "removed just now: within the bound"
+    per_artifact = erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE, now=drained_at)
+    superseded = [
+        copy for a in per_artifact.artifacts for copy in a.copies if copy.copy_class == "superseded"
+    ]
+    assert superseded and all(c.expires_at > drained_at for c in superseded)
 
 
 # --- blind spots of the evidence (each failed on the evidence before it was fixed) ---------------
@@ -366,7 +401,7 @@ def test_a_table_without_a_checkpoint_has_its_log_checked(conn, lake):
         acts.promote(conn, keys, claim(tree.a), f"body {i}".encode())
         drain_all(conn, lake)
     silver_uri = lake.table_uri(keys.tenant_id, SILVER_CLAIMS)
-    assert maintenance.last_checkpoint(lake, silver_uri) is None
+    assert deltalog.last_checkpoint(lake.filesystem(silver_uri)) is None
     long_ago = time.time() - 86400
     log = sorted((Path(silver_uri) / "_delta_log").glob("*.json"))
     assert len(log) >= 3

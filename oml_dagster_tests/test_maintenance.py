@@ -32,7 +32,7 @@ from oml_dagster import cli
 from oml_dagster.defs import maintenance as maintenance_defs
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from oml_dagster.defs.resources import LakeResource, PostgresResource
-from oml_dagster.lake import maintenance, sequencer
+from oml_dagster.lake import deltalog, maintenance, sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
@@ -289,14 +289,14 @@ def test_checkpoint_when_far_behind_or_when_commits_outlived_the_bound(conn, lak
     # Fresh commits, few of them: no checkpoint.
     first = {r.table: r for r in maintenance.checkpoint(conn, lake, keys.tenant_id)}
     assert {r.action for r in first.values()} == {"unchanged"}
-    assert maintenance.last_checkpoint(lake, silver_uri) is None
+    assert deltalog.last_checkpoint(lake.filesystem(silver_uri)) is None
 
     # Far behind (the interval made small here): a checkpoint at the current version.
     monkeypatch.setattr(maintenance, "CHECKPOINT_INTERVAL", 3)
     due = {r.table: r for r in maintenance.checkpoint(conn, lake, keys.tenant_id)}
     silver = lake.open(silver_uri)
     assert due[SILVER_CLAIMS.name].action == "checkpointed"
-    assert maintenance.last_checkpoint(lake, silver_uri) == silver.version()
+    assert deltalog.last_checkpoint(lake.filesystem(silver_uri)) == silver.version()
     assert due[SILVER_CLAIMS.name].checkpoint_version == silver.version()
     monkeypatch.undo()
 
@@ -309,7 +309,7 @@ def test_checkpoint_when_far_behind_or_when_commits_outlived_the_bound(conn, lak
     time.sleep(1.2)
     aged = {r.table: r for r in maintenance.checkpoint(conn, lake, keys.tenant_id)}
     assert aged[SILVER_CLAIMS.name].action == "checkpointed"
-    assert maintenance.last_checkpoint(lake, silver_uri) == lake.open(silver_uri).version()
+    assert deltalog.last_checkpoint(lake.filesystem(silver_uri)) == lake.open(silver_uri).version()
 
 
 def test_retention_properties_follow_the_policy(conn, lake, tenant):
@@ -318,7 +318,7 @@ def test_retention_properties_follow_the_policy(conn, lake, tenant):
     small_batches(conn, lake, tenant, claims=4)
     maintenance.compact(lake, tenant.tenant_id)
     superseded = {
-        name: len(maintenance.list_files(lake, uri).data) - len(lake.open(uri).file_uris())
+        name: len(deltalog.list_files(lake.filesystem(uri)).data) - len(lake.open(uri).file_uris())
         for name, _, uri in tenant_tables(lake, tenant.tenant_id)
     }
     results = maintenance.vacuum(conn, lake, tenant.tenant_id)
@@ -526,7 +526,7 @@ def test_maintenance_on_an_s3_lake(conn, s3_lake):
     silver_uri = lake.table_uri(keys.tenant_id, SILVER_CLAIMS)
     assert by_step[(SILVER_CLAIMS.name, maintenance.VACUUM)].files_removed == 3
     assert by_step[(SILVER_CLAIMS.name, maintenance.VACUUM)].files_after == 1
-    assert maintenance.last_checkpoint(lake, silver_uri) is not None
+    assert deltalog.last_checkpoint(lake.filesystem(silver_uri)) is not None
     assert sum(r.log_files_removed for r in results) > 0
     assert lake_snapshot(lake, keys.tenant_id) == rows
 

@@ -13,7 +13,6 @@ sensor's lake-writer runs (`docs/decisions/0019-analytics-assets.md`).
 """
 
 import datetime as dt
-import os
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -292,13 +291,11 @@ lake_analytics_job = define_asset_job(
     description="Answer the tenant's volume, lag, claims and lineage questions from its lake.",
 )
 
-ANALYTICS_CRON = os.environ.get("OML_ANALYTICS_CRON") or "0 6 * * *"
-
 
 @schedule(
     name="daily_analytics_schedule",
     job=lake_analytics_job,
-    cron_schedule=ANALYTICS_CRON,
+    cron_schedule=settings.analytics_cron,
     execution_timezone=settings.schedule_timezone,
     default_status=(
         DefaultScheduleStatus.RUNNING if settings.autostart else DefaultScheduleStatus.STOPPED

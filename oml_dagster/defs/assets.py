@@ -28,6 +28,7 @@ from deltalake.exceptions import DeltaError
 
 from oml_dagster.lake import deadletter
 from oml_dagster.lake.drain import DrainPass, drain
+from oml_dagster.lake.policy import lag
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import (
     BRONZE_EVENTS,
@@ -37,7 +38,7 @@ from oml_dagster.lake.tables import (
     SILVER_CLAIMS,
     TableSpec,
 )
-from oml_dagster.lake.writer import BatchResult, TableOutcome, lag
+from oml_dagster.lake.writer import BatchResult, TableOutcome
 
 from .partitions import tenant_partitions
 from .resources import LakeResource, PostgresResource, WriterResource

@@ -3,20 +3,14 @@
 Every job is partitioned by tenant (`tenant_partitions`), so each run carries the
 `dagster/partition` tag that the run queue's per-tenant limit keys on: maintenance of a tenant
 never runs next to that tenant's lake-writer run. Each schedule requests one run per tenant
-partition. Cron and timezone come from the environment:
-
-- OML_COMPACT_CRON (default "0 2 * * *"): bin-pack OPTIMIZE of every table, daily.
-- OML_ZORDER_CRON (default "0 3 * * 0"): Z-order OPTIMIZE, weekly on Sunday.
-- OML_VACUUM_CRON (default "0 4 * * *"): checkpoint, VACUUM and log cleanup, daily.
-- OML_SCHEDULE_TIMEZONE (default "UTC"): the timezone of these schedules, as of every other
-  schedule of the code location; OML_MAINTENANCE_TZ, its earlier name, is still read.
-- OML_DAGSTER_AUTOSTART (default on): schedules start RUNNING, so a fresh deployment vacuums
-  within the erasure bound without being told to; 0/false/no starts them STOPPED.
+partition. Cron, timezone and autostart come from `oml_dagster.settings`: OML_COMPACT_CRON
+(bin-pack OPTIMIZE, daily), OML_ZORDER_CRON (Z-order OPTIMIZE, weekly on Sunday),
+OML_VACUUM_CRON (checkpoint, VACUUM and log cleanup, daily), OML_SCHEDULE_TIMEZONE (as every
+other schedule of the code location) and OML_DAGSTER_AUTOSTART (on by default, so a fresh
+deployment vacuums within the erasure bound without being told to).
 """
 
 import datetime as dt
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dagster import (
@@ -38,9 +32,17 @@ from dagster import (
 
 from oml_dagster.lake import maintenance
 from oml_dagster.lake.maintenance import MaintenanceResult
+from oml_dagster.settings import (
+    COMPACT_CRON,
+    DAGSTER_AUTOSTART,
+    SCHEDULE_TIMEZONE,
+    VACUUM_CRON,
+    ZORDER_CRON,
+    Env,
+)
 
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import LakeResource, PostgresResource, autostart_from, schedule_timezone
+from .resources import LakeResource, PostgresResource
 
 
 class OptimizeConfig(Config):
@@ -182,21 +184,20 @@ def vacuum_job():
 class MaintenanceSchedules:
     """When the maintenance jobs run, from the environment (see the module docstring)."""
 
-    compact_cron: str = "0 2 * * *"
-    zorder_cron: str = "0 3 * * 0"
-    vacuum_cron: str = "0 4 * * *"
-    timezone: str = "UTC"
-    autostart: bool = True
+    compact_cron: str = COMPACT_CRON.default
+    zorder_cron: str = ZORDER_CRON.default
+    vacuum_cron: str = VACUUM_CRON.default
+    timezone: str = SCHEDULE_TIMEZONE.default
+    autostart: bool = DAGSTER_AUTOSTART.default
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "MaintenanceSchedules":
-        default = cls()
+    def from_env(cls, env: Env | None = None) -> "MaintenanceSchedules":
         return cls(
-            compact_cron=env.get("OML_COMPACT_CRON") or default.compact_cron,
-            zorder_cron=env.get("OML_ZORDER_CRON") or default.zorder_cron,
-            vacuum_cron=env.get("OML_VACUUM_CRON") or default.vacuum_cron,
-            timezone=schedule_timezone(env) or default.timezone,
-            autostart=autostart_from(env),
+            compact_cron=COMPACT_CRON.read(env),
+            zorder_cron=ZORDER_CRON.read(env),
+            vacuum_cron=VACUUM_CRON.read(env),
+            timezone=SCHEDULE_TIMEZONE.read(env),
+            autostart=DAGSTER_AUTOSTART.read(env),
         )
 
 

@@ -25,6 +25,7 @@ from dagster import (
 )
 
 from oml_dagster.lake import sequencer
+from oml_dagster.lake.policy import known_tenants
 
 from .assets import OUTBOX
 from .jobs import LAKE_ASSET_KEYS, lake_writer_job
@@ -37,14 +38,6 @@ from .shards import IN_FLIGHT, PARTITION_TAG, SHARD_TAG, lake_writer_shard_job, 
 _DRAINED_AT = """
 SELECT tenant_id::text, max(updated_at) FROM oml.lake_frontier
 WHERE tenant_id = ANY(%s::uuid[]) GROUP BY tenant_id
-"""
-
-
-# Every tenant Postgres knows: each has a policy row from its creation (DESIGN §2), and each
-# tenant that ever had an op sequenced has a sequencer row (covers ops enqueued without a policy).
-_KNOWN_TENANTS = """
-SELECT tenant_id::text FROM oml.tenant_policy
-UNION SELECT tenant_id::text FROM oml.sequencer_tenant
 """
 
 
@@ -127,7 +120,7 @@ def outbox_sensor(
         pending = sequencer.pending_tenants(conn)
         pending_ids = {t for t, _, _ in pending}
         drained_at = dict(conn.execute(_DRAINED_AT, (sorted(pending_ids),)).fetchall())
-        tenants = {t for (t,) in conn.execute(_KNOWN_TENANTS)}
+        tenants = set(known_tenants(conn))
 
     # One listing of the partitions, through the tick's caching loader when it has one: Dagster
     # checks each run request's partition key against that loader, one storage query per key

@@ -20,13 +20,14 @@ import argparse
 import base64
 import datetime as dt
 import json
-import os
 import sys
 import uuid
 from typing import Any
 
 import duckdb
 import psycopg
+
+from oml_dagster.settings import PG_DSN
 
 from . import analytics, db
 from .storage import Lake
@@ -147,7 +148,7 @@ def _tree_rows(areas: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 def cmd_areas_at(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
     refused: frozenset[int] = frozenset()
-    if os.environ.get("OML_PG_DSN"):
+    if PG_DSN.is_set():
         try:
             with db.connect(autocommit=True) as conn:
                 refused = analytics.refused_area_acts(conn, args.tenant)

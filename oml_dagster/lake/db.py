@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
 
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+from oml_dagster.settings import PG_DSN
+
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # Serializes concurrent `db upgrade` runs (an arbitrary, project-owned key).
 _MIGRATION_LOCK = 0x6F6D6C00
 
 
 def dsn_from_env() -> str:
-    return os.environ.get("OML_PG_DSN", DEFAULT_DSN)
+    return PG_DSN.read()
 
 
 def connect(dsn: str | None = None, *, autocommit: bool = False) -> psycopg.Connection:

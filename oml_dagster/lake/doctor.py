@@ -13,12 +13,12 @@ from typing import Any
 
 import psycopg
 
+from .deltalog import last_checkpoint
 from .erasure import DEFAULT_CADENCE, ErasedArtifact, erased_artifacts
-from .maintenance import last_checkpoint
+from .policy import lag
 from .reconcile import DEAD_LETTERS, reconcile
 from .storage import Lake, tenant_tables
 from .tables import APP_ID, CHECKPOINT_INTERVAL
-from .writer import lag
 
 DEFAULT_LAG_LIMIT = dt.timedelta(minutes=15)
 
@@ -100,7 +100,7 @@ def examine(
         if table is None:
             continue
         txns.append(table.transaction_version(APP_ID) or 0)
-        checkpoint = last_checkpoint(lake, uri)
+        checkpoint = last_checkpoint(lake.filesystem(uri))
         behind = table.version() - (checkpoint if checkpoint is not None else -1)
         if behind >= checkpoint_interval:
             health.checkpoint_overdue.append((name, behind))

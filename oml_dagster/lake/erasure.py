@@ -27,20 +27,16 @@ still holds its ciphertext, found by reading the files themselves (docs/decision
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .maintenance import LOG_DIR, filesystem, last_checkpoint, list_files, live_files
+from . import deltalog
+from .policy import DEFAULT_CADENCE, erasure_bound
 from .storage import Lake, query, tenant_tables
 from .tables import GOLD_CURATED, SILVER_CLAIMS
-from .writer import erasure_bound
-
-DEFAULT_CADENCE = dt.timedelta(days=1)
 
 
 @dataclass
@@ -110,37 +106,9 @@ class ErasureEvidence:
         return out
 
 
-def _removed_at(lake: Lake, uri: str, log_names) -> dict[str, dt.datetime]:
-    """When each data file was removed from the table (its tombstone's deletionTimestamp), from
-    the commits and the checkpoint still in the log. A superseded file's VACUUM retention counts
-    from then, not from when the file was written."""
-    fs = filesystem(lake, uri)
-    stamps: dict[str, int] = {}
-
-    def note(path: str | None, millis: int | None) -> None:
-        if path and millis is not None:
-            key = unquote(path)
-            stamps[key] = max(stamps.get(key, 0), int(millis))
-
-    for name in log_names:
-        if name.endswith(".json") and name[:20].isdigit():
-            with fs.open_input_stream(f"{LOG_DIR}/{name}") as f:
-                for line in f.read().decode().splitlines():
-                    remove = json.loads(line).get("remove") if line.strip() else None
-                    if remove:
-                        note(remove.get("path"), remove.get("deletionTimestamp"))
-        elif name.endswith(".checkpoint.parquet"):
-            with fs.open_input_file(f"{LOG_DIR}/{name}") as f:
-                removes = pq.read_table(f, columns=["remove"]).column("remove").to_pylist()
-            for remove in removes:
-                if remove:
-                    note(remove.get("path"), remove.get("deletionTimestamp"))
-    return {p: dt.datetime.fromtimestamp(ms / 1000, dt.UTC) for p, ms in stamps.items()}
-
-
-def _log_boundary(lake: Lake, uri: str, table) -> int:
+def _log_boundary(listing: deltalog.Listing, table) -> int:
     """Log entries below this version are ones log cleanup can expire (given a checkpoint)."""
-    checkpoint = last_checkpoint(lake, uri)
+    checkpoint = listing.last_checkpoint()
     return checkpoint if checkpoint is not None else table.version()
 
 
@@ -156,10 +124,11 @@ def _table_evidence(
     erased = query(
         table, "count(*) AS n, count(body_ciphertext) AS with_body", "state = 'erased'"
     ).to_pylist()[0]
-    live = live_files(table)
-    listing = list_files(lake, uri)
+    live = deltalog.live_files(table)
+    fs = lake.filesystem(uri)
+    listing = deltalog.list_files(fs)
     unreferenced = [p for p in listing.data if p not in live and p.endswith(".parquet")]
-    removed = _removed_at(lake, uri, listing.log)
+    removed = deltalog.tombstones(fs, listing.log)
     # A superseded file ages from its removal; an orphan (or a tombstone the log no longer
     # keeps, which is older than the retention) from its writing.
     overdue = sorted(
@@ -171,13 +140,12 @@ def _table_evidence(
     # Below the last checkpoint, or, with none, below the latest version (a checkpoint there is
     # what log cleanup would need to expire them; maintenance writes one once they outlive the
     # bound).
-    expirable_below = _log_boundary(lake, uri, table)
+    expirable_below = _log_boundary(listing, table)
     overdue_log = sorted(
-        entry
-        for entry, (_, mtime) in listing.log.items()
-        if entry[:20].isdigit()
-        and int(entry[:20]) < expirable_below
-        and mtime is not None
+        entry.name
+        for entry in listing.entries()
+        if entry.version < expirable_below
+        and (mtime := listing.log[entry.name][1]) is not None
         and mtime < now - log_deadline
     )
     return TableEvidence(
@@ -460,11 +428,11 @@ def erased_artifacts(
         if spec not in (SILVER_CLAIMS, GOLD_CURATED):
             continue
         table = lake.open(uri)
-        fs = filesystem(lake, uri)
+        fs = lake.filesystem(uri)
         prefix = uri[len(lake.tenant_uri(tenant_id)) + 1 :] + "/"
-        live = live_files(table)
-        listing = list_files(lake, uri)
-        removed = _removed_at(lake, uri, listing.log)
+        live = deltalog.live_files(table)
+        listing = deltalog.list_files(fs)
+        removed = deltalog.tombstones(fs, listing.log)
         ciphertexts: dict[tuple, bytes] = {}
         for path in sorted(p for p in listing.data if p.endswith(".parquet")):
             for key, body in _bodies_in_file(fs, path, wanted).items():
@@ -483,13 +451,14 @@ def erased_artifacts(
         # No body statistics are written, so these should never match; the spec counts log
         # entries and checkpoints as ciphertext-bearing anyway, and a byte scan says so if one is.
         for entry, (_, mtime) in sorted(listing.log.items()):
-            with fs.open_input_stream(f"{LOG_DIR}/{entry}") as f:
+            with fs.open_input_stream(f"{deltalog.LOG_DIR}/{entry}") as f:
                 content = f.read()
             for key, body in ciphertexts.items():
                 if body in content:
-                    kind = CHECKPOINT if "checkpoint" in entry else LOG
+                    parsed = deltalog.parse_log_name(entry)
+                    kind = CHECKPOINT if parsed and parsed.kind == deltalog.CHECKPOINT else LOG
                     expires = (mtime or now) + bound + 2 * cadence
                     by_key[key].copies.append(
-                        Copy(kind, name, f"{prefix}{LOG_DIR}/{entry}", expires)
+                        Copy(kind, name, f"{prefix}{deltalog.LOG_DIR}/{entry}", expires)
                     )
     return evidence

@@ -46,3 +46,13 @@ class BatchTimeout(LakeError):
 
 class RequeueError(LakeError):
     """A dead letter cannot be re-enqueued: there is none with that seq, or it was already."""
+
+
+class InvalidSetting(LakeError, ValueError):
+    """An environment variable holds a value its setting refuses (`oml_dagster.settings`); the
+    message names the variable, the value and what was expected."""
+
+
+class MaintenanceDamage(LakeError):
+    """A maintenance step left a table that does not read back as it was: a live file missing
+    after VACUUM, or a different version, file set or txn after log cleanup."""

@@ -28,24 +28,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import psycopg
-import pyarrow as pa
-import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
-from deltalake.fs import DeltaStorageHandler
 
-from .errors import LakeError
+from .deltalog import Listing, list_files, live_files
+from .errors import MaintenanceDamage
+from .policy import erasure_bound
 from .storage import Lake, tenant_tables
-from .tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec
-from .writer import erasure_bound, writer_properties
-
-LOG_DIR = "_delta_log"
-_LOG_FILE = re.compile(r"^(\d{20})\.(json|checkpoint(\.\d+\.\d+)?\.parquet)$")
+from .tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
 
 # What one `oml-lake maintain <task>` (or one scheduled job) runs, in order.
 COMPACT, ZORDER, CHECKPOINT, VACUUM, LOG_CLEANUP, PROPERTIES = (
@@ -63,11 +57,6 @@ TASKS: dict[str, tuple[str, ...]] = {
     "vacuum": (CHECKPOINT, VACUUM, LOG_CLEANUP),
     "all": (COMPACT, ZORDER, CHECKPOINT, VACUUM, LOG_CLEANUP),
 }
-
-
-class MaintenanceDamage(LakeError):
-    """A maintenance step left a table that does not read back as it was: a live file missing
-    after VACUUM, or a different version, file set or txn after log cleanup."""
 
 
 @dataclass(frozen=True)
@@ -144,69 +133,6 @@ def _size(n: float) -> str:
     return f"{n:.1f} {unit}"
 
 
-# --- what is on storage ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Listing:
-    data: dict[str, int]  # path relative to the table root -> size; everything outside the log
-    log: dict[str, tuple[int, dt.datetime | None]]  # name in _delta_log -> (size, mtime)
-    data_mtime: dict[str, dt.datetime | None]  # path relative to the table root -> mtime
-
-    def log_versions(self, kind: str) -> list[int]:
-        found = []
-        for name in self.log:
-            match = _LOG_FILE.match(name)
-            if match and match[2].startswith(kind):
-                found.append(int(match[1]))
-        return sorted(found)
-
-
-def filesystem(lake: Lake, uri: str) -> pafs.FileSystem:
-    """The table's root as a pyarrow filesystem, through delta-rs's object store."""
-    return pafs.PyFileSystem(DeltaStorageHandler(uri, lake.storage_options or None))
-
-
-def list_files(lake: Lake, uri: str) -> Listing:
-    """Every file under a table's root, data and log, with sizes and modification times."""
-    data: dict[str, int] = {}
-    data_mtime: dict[str, dt.datetime | None] = {}
-    log: dict[str, tuple[int, dt.datetime | None]] = {}
-    infos = filesystem(lake, uri).get_file_info(pafs.FileSelector("", recursive=True))
-    for info in infos:
-        if info.type != pafs.FileType.File:
-            continue
-        path = info.path.lstrip("/")
-        if path.startswith(f"{LOG_DIR}/"):
-            log[path[len(LOG_DIR) + 1 :]] = (info.size or 0, info.mtime)
-        else:
-            data[path] = info.size or 0
-            data_mtime[path] = info.mtime
-    return Listing(data, log, data_mtime)
-
-
-def last_checkpoint(lake: Lake, uri: str) -> int | None:
-    """The version `_delta_log/_last_checkpoint` names, or None when there is no checkpoint."""
-    fs = filesystem(lake, uri)
-    path = f"{LOG_DIR}/_last_checkpoint"
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_file(path) as f:
-        return int(json.loads(f.read())["version"])
-
-
-def live_files(table: DeltaTable) -> dict[str, int]:
-    """The data files the table's version references: path -> size."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    return dict(
-        zip(
-            actions.column("path").to_pylist(),
-            actions.column("size_bytes").to_pylist(),
-            strict=True,
-        )
-    )
-
-
 def _commit_properties(tenant_id: str, operation: str) -> CommitProperties:
     # No app transaction: delta-rs would drop it on OPTIMIZE anyway, and a maintenance commit
     # must never move the writer's txn version.
@@ -248,6 +174,9 @@ class _Table:
                 f"{self.name} of tenant {self.tenant_id}: no table at {self.uri}"
             )
         return table
+
+    def listing(self) -> Listing:
+        return list_files(self.lake.filesystem(self.uri))
 
     def result(self, operation: str, action: str, scope: str, **fields) -> MaintenanceResult:
         return MaintenanceResult(self.tenant_id, self.name, operation, action, scope, **fields)
@@ -368,13 +297,13 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
     started = time.monotonic()
     table = t.open()
     version = table.version()
-    listing = list_files(t.lake, t.uri)
-    last = last_checkpoint(t.lake, t.uri)
+    listing = t.listing()
+    last = listing.last_checkpoint()
     behind = version - (last if last is not None else -1)
     cutoff = now - dt.timedelta(seconds=bound_seconds)
     expired_after_last = [
         v
-        for v in listing.log_versions("json")
+        for v in listing.commits()
         if (last if last is not None else -1) < v <= version
         and (mtime := listing.log[f"{v:020d}.json"][1]) is not None
         and mtime <= cutoff
@@ -398,7 +327,7 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
     # delta-rs also expires log entries here, as its post-commit checkpoints do.
     table.create_checkpoint()
     _verify(t, state, "checkpoint")
-    after = list_files(t.lake, t.uri)
+    after = t.listing()
     removed = sorted(set(listing.log) - set(after.log))
     reason = (
         f"{behind} versions since the last checkpoint"
@@ -420,7 +349,7 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
         version_before=version,
         version_after=version,
         live_files=len(state[1]),
-        checkpoint_version=last_checkpoint(t.lake, t.uri),
+        checkpoint_version=after.last_checkpoint(),
         duration_seconds=time.monotonic() - started,
         detail=reason,
     )
@@ -432,7 +361,7 @@ def _vacuum(t: _Table) -> MaintenanceResult:
     started = time.monotonic()
     table = t.open()
     version = table.version()
-    before = list_files(t.lake, t.uri)
+    before = t.listing()
     deleted = table.vacuum(
         retention_hours=None,
         dry_run=False,
@@ -440,7 +369,7 @@ def _vacuum(t: _Table) -> MaintenanceResult:
         commit_properties=_commit_properties(t.tenant_id, VACUUM),
         post_commithook_properties=_HOOKS,
     )
-    after = list_files(t.lake, t.uri)
+    after = t.listing()
     fresh = t.open()
     live = live_files(fresh)
     missing = sorted(set(live) - set(after.data))
@@ -461,7 +390,7 @@ def _vacuum(t: _Table) -> MaintenanceResult:
         version_before=version,
         version_after=fresh.version(),
         live_files=len(live),
-        checkpoint_version=last_checkpoint(t.lake, t.uri),
+        checkpoint_version=after.last_checkpoint(),
         duration_seconds=time.monotonic() - started,
     )
 
@@ -473,12 +402,12 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
     table = t.open()
     state = _state(table)
     version, live = state[0], state[1]
-    before = list_files(t.lake, t.uri)
+    before = t.listing()
     table.cleanup_metadata()
     _verify(t, state, "log cleanup")
-    after = list_files(t.lake, t.uri)
+    after = t.listing()
     removed = sorted(set(before.log) - set(after.log))
-    readable = after.log_versions("checkpoint")
+    readable = after.checkpoints()
     if f"{0:020d}.json" in after.log:
         readable = [0, *readable]
     return t.result(
@@ -493,7 +422,7 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
         version_before=version,
         version_after=version,
         live_files=len(live),
-        checkpoint_version=last_checkpoint(t.lake, t.uri),
+        checkpoint_version=after.last_checkpoint(),
         duration_seconds=time.monotonic() - started,
         detail=f"oldest readable version {min(readable)}" if readable else "",
     )
@@ -600,15 +529,6 @@ def maintain(
     for operation in TASKS[task]:
         results.extend(run_operation(conn, lake, tenant_id, operation, target_size=target_size))
     return results
-
-
-def known_tenants(conn: psycopg.Connection) -> list[str]:
-    """Every tenant the sequencer or the policy table knows."""
-    rows = conn.execute(
-        "SELECT tenant_id::text FROM oml.sequencer_tenant"
-        " UNION SELECT tenant_id::text FROM oml.tenant_policy ORDER BY 1"
-    ).fetchall()
-    return [r[0] for r in rows]
 
 
 def totals(results: Iterable[MaintenanceResult]) -> dict[str, int | float]:

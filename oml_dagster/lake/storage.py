@@ -4,7 +4,6 @@ off, and by a probe of the store itself before the first table is opened (decisi
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import uuid
@@ -13,29 +12,24 @@ from urllib.parse import urlparse
 
 import botocore.session
 import pyarrow as pa
+import pyarrow.fs as pafs
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
+from deltalake.fs import DeltaStorageHandler
+
+from oml_dagster.settings import LAKE_URI, lake_storage_options
 
 from .errors import UnsupportedObjectStore
 from .tables import GOLD_CURATED, TableSpec
 
-DEFAULT_LAKE_URI = "./.oml/oml-lake"
 # Options naming each way a store can be told to commit without put-if-absent.
 _UNSAFE_OPTIONS = {
     "aws_conditional_put": ("disabled", "false", "none"),
     "conditional_put": ("disabled", "false", "none"),
     "aws_s3_allow_unsafe_rename": ("true", "1", "yes"),
 }
-_ENV_OPTIONS = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_REGION",
-    "AWS_ENDPOINT_URL",
-    "AWS_ALLOW_HTTP",
-)
 # Where the conditional-put probe writes (and deletes) its scratch key, under the lake root: no
 # tenant prefix can look like it (tenant ids are UUIDs).
 PROBE_PREFIX = "_oml_probe"
@@ -52,12 +46,8 @@ class Lake:
 
     @classmethod
     def from_env(cls) -> Lake:
-        root = os.environ.get("OML_LAKE_URI", DEFAULT_LAKE_URI)
-        options = {k: os.environ[k] for k in _ENV_OPTIONS if os.environ.get(k)}
-        extra = os.environ.get("OML_LAKE_STORAGE_OPTIONS")
-        if extra:
-            options.update(json.loads(extra))
-        return cls(root, options).checked()
+        """The lake OML_LAKE_URI names, with OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables."""
+        return cls(LAKE_URI.read(), lake_storage_options()).checked()
 
     def checked(self) -> Lake:
         """Refuse a store the writer cannot fence: only local paths and S3 with put-if-absent."""
@@ -109,6 +99,10 @@ class Lake:
                 raise ValueError("a curated table needs its workarea_id")
             uri = f"{uri}/{workarea_id}"
         return uri
+
+    def filesystem(self, uri: str) -> pafs.FileSystem:
+        """The table root at `uri` as a pyarrow filesystem, through delta-rs's object store."""
+        return pafs.PyFileSystem(DeltaStorageHandler(uri, self.storage_options or None))
 
     def open(self, uri: str, version: int | None = None) -> DeltaTable | None:
         """The table at `uri` (latest, or `version`), or None when there is no table there. A

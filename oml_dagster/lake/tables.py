@@ -1,5 +1,6 @@
 """The one declaration of every lake table: columns, Arrow types, nullability, partitioning,
-MERGE key, body columns and Delta table properties (spec: "Delta tables").
+MERGE key, body columns, Delta table properties and Parquet writer settings (spec: "Delta
+tables").
 
 The writer, maintenance, the checks and the tests all read the tables from here.
 """
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import pyarrow as pa
+from deltalake import ColumnProperties, WriterProperties
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 ATTACHMENT = pa.struct(
@@ -70,6 +72,19 @@ class TableSpec:
         if self.target_file_size is not None:
             config["delta.targetFileSize"] = str(self.target_file_size)
         return config
+
+
+def writer_properties(spec: TableSpec) -> WriterProperties:
+    """Parquet settings for every write, MERGE and rewrite of the table: no statistics for body
+    columns. Compression is named explicitly: WriterProperties without it writes uncompressed
+    files."""
+    return WriterProperties(
+        compression="SNAPPY",
+        column_properties={
+            c: ColumnProperties(statistics_enabled="NONE") for c in spec.body_columns
+        }
+        or None,
+    )
 
 
 BRONZE_EVENTS = TableSpec(

@@ -20,8 +20,6 @@ How a batch is cut and folded:
 
 from __future__ import annotations
 
-import datetime as dt
-import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -30,15 +28,10 @@ import orjson
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import (
-    ColumnProperties,
-    CommitProperties,
-    DeltaTable,
-    Transaction,
-    WriterProperties,
-    write_deltalake,
-)
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
+
+from oml_dagster.settings import FOLD_TIMEOUT_SECONDS, MAX_BATCH
 
 from . import catalog, deadletter
 from .bronze import checked_events, cleared_events
@@ -51,6 +44,7 @@ from .errors import (
     VerdictConflict,
 )
 from .fetch import Batch, Fetcher
+from .policy import erasure_bound
 from .state import AppendWork, KeyedWork, TenantState
 from .storage import Lake, query, read_rows, sql_in
 from .tables import (
@@ -62,10 +56,9 @@ from .tables import (
     GOLD_LINEAGE,
     SILVER_CLAIMS,
     TableSpec,
+    writer_properties,
 )
 from .watchdog import Watchdog
-
-DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
 
 
 @dataclass(frozen=True)
@@ -73,16 +66,14 @@ class WriterConfig:
     # A batch is what is pending, up to `max_batch` ops and about `max_batch_bytes` of payload
     # (PostgreSQL's stored size): a quiet outbox gives small batches (latency), a backlog large
     # ones up to the memory cap (throughput).
-    max_batch: int = 50_000
+    max_batch: int = MAX_BATCH.default
     max_batch_bytes: int = 64 * 2**20
     # A table with nothing to change gets a txn-only commit once this many of the tenant's ops
     # lie between its txn version and the batch end. Must stay below max_batch.
     txn_lag_limit: int = 2500
     max_commit_attempts: int = 8
     # A fold running longer than this fails with BatchTimeout naming its op (None: no bound).
-    fold_timeout_seconds: float | None = field(
-        default_factory=lambda: float(os.environ.get("OML_FOLD_TIMEOUT_SECONDS", "300"))
-    )
+    fold_timeout_seconds: float | None = field(default_factory=FOLD_TIMEOUT_SECONDS.read)
 
     def __post_init__(self):
         if self.max_batch < 2 or not 0 < self.txn_lag_limit < self.max_batch:
@@ -150,18 +141,6 @@ def _handle(lake: Lake, tenant_id: str, spec: TableSpec, workarea_id: str | None
     return _Handle(spec, name, uri, table, _txn(table))
 
 
-def writer_properties(spec: TableSpec) -> WriterProperties:
-    """Parquet settings for every write, MERGE and rewrite: no statistics for body columns.
-    Compression is named explicitly: WriterProperties without it writes uncompressed files."""
-    return WriterProperties(
-        compression="SNAPPY",
-        column_properties={
-            c: ColumnProperties(statistics_enabled="NONE") for c in spec.body_columns
-        }
-        or None,
-    )
-
-
 # --- Postgres reads ----------------------------------------------------------------------------
 
 
@@ -171,13 +150,6 @@ def _payloads(conn: psycopg.Connection, seqs: list[int]) -> dict[int, dict]:
         "SELECT seq, payload FROM oml.outbox WHERE seq = ANY(%s)", (seqs,)
     ).fetchall()
     return dict(rows)
-
-
-def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:
-    row = conn.execute(
-        "SELECT lake_erasure_bound FROM oml.tenant_policy WHERE tenant_id = %s", (tenant_id,)
-    ).fetchone()
-    return row[0] if row else DEFAULT_ERASURE_BOUND
 
 
 def _bodies(conn: psycopg.Connection, tenant_id: str, keys: set[tuple[str, int]]) -> dict:
@@ -730,13 +702,3 @@ def _update_frontier(conn, tenant_id: str, handles: dict[str, _Handle], batch_en
                     h.table.version() if h.table is not None else None,
                 ),
             )
-
-
-def lag(conn: psycopg.Connection, tenant_id: str, drained_through: int) -> tuple[int, float]:
-    """(ops sequenced but not drained, seconds since the oldest of them was written)."""
-    count, oldest = conn.execute(
-        "SELECT count(*), min(created_at) FROM oml.outbox WHERE tenant_id = %s AND seq > %s",
-        (tenant_id, drained_through),
-    ).fetchone()
-    seconds = (dt.datetime.now(dt.UTC) - oldest).total_seconds() if oldest else 0.0
-    return count, max(seconds, 0.0)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import db, maintenance
-from .storage import Lake
+from .lake import db, maintenance
+from .lake.policy import known_tenants
+from .lake.storage import Lake
 
 
 def _print(*parts: object) -> None:
@@ -19,7 +20,7 @@ def _print(*parts: object) -> None:
 def cmd_maintain(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
     with db.connect(autocommit=True) as conn:
-        tenants = args.tenant or maintenance.known_tenants(conn)
+        tenants = args.tenant or known_tenants(conn)
         if not tenants:
             _print("no tenants")
         for tenant_id in tenants:

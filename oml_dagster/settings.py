@@ -1,0 +1,346 @@
+"""Every `OML_*` environment variable the lake-writer reads, declared once: its name, default,
+type, the check a value must pass and what it sets.
+
+The core (`oml_dagster.lake`), the Dagster layer and the command line read their settings here and
+nowhere else, each when it needs it (a bad cron does not stop `oml-lake db upgrade`). Unset and
+empty are the same: the default. A value that fails its check is refused with `InvalidSetting`,
+naming the variable, the value and what was expected; nothing falls back silently.
+
+The `AWS_*` variables the lake's storage options take (`AWS_PASSTHROUGH`) follow delta-rs's and
+botocore's own conventions; they are passed through as they are. The README's settings table is
+generated from `SETTINGS` (`python -m oml_dagster.settings`) and a test keeps the two the same.
+This module does not import Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import zoneinfo
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from oml_dagster.lake.errors import InvalidSetting
+
+T = TypeVar("T")
+Env = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One environment variable. `parse` turns a non-empty value into the setting's type or raises
+    ValueError; `expected` says what a good value looks like, in the refusal. `aliases` are earlier
+    names still read; a value under two names must be the same."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    expected: str
+    description: str
+    aliases: tuple[str, ...] = ()
+    # How the default reads in the README, when the value alone does not say it.
+    shown_default: str | None = None
+
+    def raw(self, env: Env | None = None) -> str | None:
+        """The value set under this name or an alias (None: unset or empty)."""
+        env = os.environ if env is None else env
+        given = [(n, env[n]) for n in (self.name, *self.aliases) if (env.get(n) or "").strip()]
+        if len({value.strip() for _, value in given}) > 1:
+            shown = " and ".join(f"{n}={v!r}" for n, v in given)
+            raise InvalidSetting(f"{shown} disagree; set {self.name} only")
+        return given[0][1] if given else None
+
+    def is_set(self, env: Env | None = None) -> bool:
+        return self.raw(env) is not None
+
+    def read(self, env: Env | None = None) -> T:
+        """The setting's value from `env` (default: the process environment)."""
+        raw = self.raw(env)
+        return self.default if raw is None else self.accept(raw)
+
+    def accept(self, raw: str, source: str | None = None) -> T:
+        """`raw` as this setting's value, or InvalidSetting naming `source` (default: the
+        variable) and the value."""
+        try:
+            return self.parse(raw.strip())
+        except (ValueError, TypeError) as error:
+            detail = f" ({error})" if str(error) else ""
+            raise InvalidSetting(
+                f"{source or self.name}={raw!r}: expected {self.expected}{detail}"
+            ) from None
+
+
+# --- parsers -------------------------------------------------------------------------------------
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _integer(minimum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        if not re.fullmatch(r"[+-]?\d+", raw) or int(raw) < minimum:
+            raise ValueError("")
+        return int(raw)
+
+    return parse
+
+
+def _seconds(*, zero: bool) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError("") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            raise ValueError("")
+        return value
+
+    return parse
+
+
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _switch(raw: str) -> bool:
+    value = raw.lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError("")
+
+
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,?#\-]+$")
+_CRON_ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+
+
+def _cron(raw: str) -> str:
+    fields = raw.split()
+    if raw in _CRON_ALIASES or (len(fields) == 5 and all(map(_CRON_FIELD.match, fields))):
+        return " ".join(fields)
+    raise ValueError("")
+
+
+def _timezone(raw: str) -> str:
+    try:
+        zoneinfo.ZoneInfo(raw)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError("") from None
+    return raw
+
+
+def _storage_options(raw: str) -> dict[str, str]:
+    try:
+        options = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON: {error}") from None
+    if not isinstance(options, dict):
+        raise ValueError("not an object")
+    parsed = {}
+    for key, value in options.items():
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, int | float):
+            value = str(value)
+        if not isinstance(value, str):
+            raise ValueError(f"option {key!r} is not a string")
+        parsed[key] = value
+    return parsed
+
+
+# --- the settings ---------------------------------------------------------------------------------
+
+PG_DSN: Setting[str] = Setting(
+    "OML_PG_DSN",
+    "postgresql://postgres@127.0.0.1:5432/postgres",
+    _text,
+    "a libpq connection string or URI",
+    "The lake's Postgres (schema `oml`: outbox, policies, verdicts, dead letters).",
+)
+LAKE_URI: Setting[str] = Setting(
+    "OML_LAKE_URI",
+    "./.oml/oml-lake",
+    _text,
+    "a local path or an s3:// URI",
+    "The lake root, the `oml-lake/` prefix included; local paths and S3 with conditional put.",
+)
+LAKE_STORAGE_OPTIONS: Setting[dict[str, str]] = Setting(
+    "OML_LAKE_STORAGE_OPTIONS",
+    {},
+    _storage_options,
+    "a JSON object of delta-rs storage options",
+    "Storage options on top of the `AWS_*` variables (they win over them).",
+    shown_default="none",
+)
+MAX_BATCH: Setting[int] = Setting(
+    "OML_MAX_BATCH",
+    50_000,
+    _integer(2),
+    "an integer >= 2",
+    "Ops per tenant batch at most (a batch also stops at about 64 MiB of payload).",
+)
+TXN_LAG_LIMIT: Setting[int | None] = Setting(
+    "OML_TXN_LAG_LIMIT",
+    None,
+    _integer(1),
+    "an integer >= 1 and below OML_MAX_BATCH",
+    "Ops an idle table may lag before it gets a txn-only commit.",
+    shown_default="2500, or half of OML_MAX_BATCH when that is less",
+)
+FOLD_TIMEOUT_SECONDS: Setting[float] = Setting(
+    "OML_FOLD_TIMEOUT_SECONDS",
+    300.0,
+    _seconds(zero=False),
+    "seconds (a number > 0)",
+    "A batch fold running longer fails with BatchTimeout naming its op.",
+)
+RUN_DRAIN_SECONDS: Setting[float] = Setting(
+    "OML_RUN_DRAIN_SECONDS",
+    60.0,
+    _seconds(zero=True),
+    "seconds (a number >= 0)",
+    "How long one lake-writer run keeps draining its tenant (0: one batch per run).",
+)
+DRAIN_SHARDS: Setting[int] = Setting(
+    "OML_DRAIN_SHARDS",
+    4,
+    _integer(0),
+    "a whole number >= 0",
+    "Shard runs the outbox sensor keeps, each draining a shard of tenants (0: a run per tenant).",
+)
+SENSOR_INTERVAL_SECONDS: Setting[int] = Setting(
+    "OML_SENSOR_INTERVAL_SECONDS",
+    30,
+    _integer(1),
+    "whole seconds >= 1",
+    "The outbox sensor's tick.",
+)
+DAGSTER_AUTOSTART: Setting[bool] = Setting(
+    "OML_DAGSTER_AUTOSTART",
+    True,
+    _switch,
+    "1/true/yes/on or 0/false/no/off (unset: on)",
+    "The sensor and every schedule start RUNNING (on) or STOPPED (off).",
+    shown_default="on",
+)
+SCHEDULE_TIMEZONE: Setting[str] = Setting(
+    "OML_SCHEDULE_TIMEZONE",
+    "UTC",
+    _timezone,
+    "an IANA timezone name",
+    "The timezone of every schedule; OML_MAINTENANCE_TZ, its earlier name, is still read.",
+    aliases=("OML_MAINTENANCE_TZ",),
+)
+
+
+def _cron_setting(name: str, default: str, description: str) -> Setting[str]:
+    return Setting(name, default, _cron, "a five-field cron expression", description)
+
+
+RECONCILE_CRON = _cron_setting(
+    "OML_RECONCILE_CRON",
+    "30 5 * * *",
+    "When the reconciler's checks and the erasure evidence run, per tenant.",
+)
+ANALYTICS_CRON = _cron_setting(
+    "OML_ANALYTICS_CRON", "0 6 * * *", "When the analytics assets are computed, per tenant."
+)
+COMPACT_CRON = _cron_setting("OML_COMPACT_CRON", "0 2 * * *", "Bin-pack OPTIMIZE of every table.")
+ZORDER_CRON = _cron_setting(
+    "OML_ZORDER_CRON", "0 3 * * 0", "Z-order OPTIMIZE of silver, curated and lineage."
+)
+VACUUM_CRON = _cron_setting(
+    "OML_VACUUM_CRON", "0 4 * * *", "Checkpoint, VACUUM and log cleanup of every table."
+)
+ERASURE_CADENCE_SECONDS: Setting[int] = Setting(
+    "OML_ERASURE_CADENCE_SECONDS",
+    86_400,
+    _integer(0),
+    "whole seconds >= 0",
+    "The maintenance cadence the erasure evidence allows on top of the erasure bound.",
+)
+
+SETTINGS: tuple[Setting[Any], ...] = (
+    PG_DSN,
+    LAKE_URI,
+    LAKE_STORAGE_OPTIONS,
+    MAX_BATCH,
+    TXN_LAG_LIMIT,
+    FOLD_TIMEOUT_SECONDS,
+    RUN_DRAIN_SECONDS,
+    DRAIN_SHARDS,
+    SENSOR_INTERVAL_SECONDS,
+    DAGSTER_AUTOSTART,
+    SCHEDULE_TIMEZONE,
+    RECONCILE_CRON,
+    ANALYTICS_CRON,
+    COMPACT_CRON,
+    ZORDER_CRON,
+    VACUUM_CRON,
+    ERASURE_CADENCE_SECONDS,
+)
+
+# The AWS variables taken as storage options of the lake (OML_LAKE_STORAGE_OPTIONS wins).
+AWS_PASSTHROUGH = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ALLOW_HTTP",
+)
+
+
+# --- settings read together -----------------------------------------------------------------------
+
+
+def lake_storage_options(env: Env | None = None) -> dict[str, str]:
+    """The lake's storage options: the `AWS_*` variables that are set, then
+    OML_LAKE_STORAGE_OPTIONS over them."""
+    env = os.environ if env is None else env
+    options = {k: env[k] for k in AWS_PASSTHROUGH if env.get(k)}
+    options.update(LAKE_STORAGE_OPTIONS.read(env))
+    return options
+
+
+def writer_batch(env: Env | None = None) -> tuple[int, int | None]:
+    """(OML_MAX_BATCH, OML_TXN_LAG_LIMIT); a lag limit not below the batch is refused here, naming
+    both variables, rather than later by the writer's config."""
+    max_batch = MAX_BATCH.read(env)
+    lag_limit = TXN_LAG_LIMIT.read(env)
+    if lag_limit is not None and lag_limit >= max_batch:
+        raise InvalidSetting(
+            f"{TXN_LAG_LIMIT.name}={lag_limit} with {MAX_BATCH.name}={max_batch}: the txn lag "
+            "limit must stay below the batch"
+        )
+    return max_batch, lag_limit
+
+
+# --- the README's table ---------------------------------------------------------------------------
+
+
+def _shown(setting: Setting[Any]) -> str:
+    if setting.shown_default is not None:
+        return setting.shown_default
+    value = setting.default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{value}`"
+
+
+def markdown_table() -> str:
+    """Every setting as a Markdown table, as the README shows it."""
+    rows = ["| variable | default | value | what it sets |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        names = " / ".join(f"`{n}`" for n in (s.name, *s.aliases))
+        rows.append(f"| {names} | {_shown(s)} | {s.expected} | {s.description} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table())
