@@ -112,3 +112,53 @@ def test_a_writer_whose_append_meets_a_concurrent_commit_merges_or_skips(conn, l
     reference = Lake(lake.root + "-reference")
     drain(conn, reference, [tenant.tenant_id], until_idle=True)
     assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
+
+
+def test_a_merge_narrowed_to_the_rows_boxes_finds_a_reassigned_claim_where_it_was(
+    conn, lake, tenant
+):
+    """A MERGE's target is narrowed to the (workarea_id, artifact_id) the table holds for each
+    updated row: a reassign must be matched under its old workarea (narrowing by the new one
+    would miss the row and insert it a second time)."""
+    tree = make_tree(conn, tenant)
+    moved, kept = promoted(conn, tenant, tree.a), promoted(conn, tenant, tree.b, path="u.b")
+    drain_all(conn, lake)
+
+    acts.reassign(conn, tenant, moved, tree.b, held=False)
+    acts.demote(conn, tenant, kept)
+    drain_all(conn, lake)
+
+    assert last_operation(lake, tenant.tenant_id, SILVER_CLAIMS) == "MERGE"
+    unique_keys(lake, tenant.tenant_id)
+    view = LakeView(lake, tenant.tenant_id)
+    assert view.claim(moved)["workarea_id"] == tree.b
+    assert view.claim(kept)["state"] == "demoted"
+    reference = Lake(lake.root + "-reference")
+    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
+
+
+def test_the_target_filter_names_where_the_table_holds_each_updated_row():
+    from oml_dagster.lake.state import KeyedWork
+    from oml_dagster.lake.writer import MOST_TARGET_BOXES, _target_filter
+
+    work = KeyedWork(SILVER_CLAIMS, txn=0)
+    held = {"artifact_id": "a1", "version": 1, "workarea_id": "w-old", "applied_seq": 1}
+    work.load([held])
+    work.looked_for([("a1", 1), ("a2", 1)])
+    moved = dict(held, workarea_id="w-new")
+    new = {"artifact_id": "a2", "version": 1, "workarea_id": "w-new", "applied_seq": 2}
+    assert (
+        _target_filter(work, [moved, new]) == "(t.workarea_id = 'w-old' AND t.artifact_id = 'a1')"
+    )
+    assert work.only_new([new]) and not work.only_new([moved, new])
+    # A row whose key was never looked for: where it lies is unknown, so no narrowing.
+    stray = dict(new, artifact_id="a3")
+    assert _target_filter(work, [moved, stray]) is None
+    # Quotes are escaped; too many boxes fall back to the plain MERGE.
+    quoted = {"artifact_id": "it's", "version": 1, "workarea_id": "w", "applied_seq": 1}
+    work.load([quoted])
+    assert "'it''s'" in _target_filter(work, [quoted])
+    many = [dict(held, artifact_id=f"m{i}") for i in range(MOST_TARGET_BOXES + 1)]
+    work.load(many)
+    assert _target_filter(work, many) is None

@@ -31,6 +31,8 @@ class KeyedWork:
     # Keys the prefetch looked for in the table version the fold started from and did not find:
     # rows with only such keys can be appended instead of MERGEd.
     absent: set[Key] = field(default_factory=set)
+    # The rows as read from Delta (before this batch changed them), by key.
+    found: dict[Key, Row] = field(default_factory=dict)
 
     def key_of(self, row: Row) -> Key:
         return tuple(row[c] for c in self.spec.merge_key)
@@ -56,7 +58,10 @@ class KeyedWork:
 
     def load(self, rows: Iterable[Row]) -> None:
         for row in rows:
-            self.rows.setdefault(self.key_of(row), row)
+            key = self.key_of(row)
+            if key not in self.rows:
+                self.rows[key] = row
+                self.found[key] = row
 
     def looked_for(self, keys: Iterable[Key]) -> None:
         """Record that the table was searched for `keys` (after `load` of what it holds)."""
@@ -65,6 +70,24 @@ class KeyedWork:
     def only_new(self, rows: Iterable[Row]) -> bool:
         """Whether every row's key is one the table version the fold read did not hold."""
         return all(self.key_of(r) in self.absent for r in rows)
+
+    def clustered(self, rows: Iterable[Row]) -> list[tuple] | None:
+        """The clustering (`zorder_by`) values, as the table holds them, of the rows among `rows`
+        the table holds; None when the table has no clustering or a row's key was neither found
+        nor looked for (where its row lies is unknown)."""
+        columns = self.spec.zorder_by
+        if not columns:
+            return None
+        boxes = []
+        for row in rows:
+            key = self.key_of(row)
+            if key in self.absent:
+                continue
+            held = self.found.get(key)
+            if held is None:
+                return None
+            boxes.append(tuple(held[c] for c in columns))
+        return boxes
 
     def output(self, above: int) -> list[Row]:
         """Final rows changed by ops with seq above `above` (the table's txn at commit time)."""

@@ -282,9 +282,12 @@ def _write(
     props: CommitProperties,
     configuration: dict[str, str],
     inserts_only: bool = False,
+    target_filter: str | None = None,
 ) -> None:
     """Create, MERGE or append. Rows that are all new to the table version committed on
-    (`inserts_only`) are appended: a MERGE would read the table's files to find none of them."""
+    (`inserts_only`) are appended: a MERGE would read the table's files to find none of them.
+    `target_filter` narrows the target rows a MERGE may match (it must hold for every row the
+    source updates): its literals prune files by their statistics."""
     spec = handle.spec
     parquet = writer_properties(spec)
     if handle.table is None:
@@ -300,6 +303,8 @@ def _write(
         )
     elif spec.merge_key and data.num_rows and not inserts_only:
         predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
+        if target_filter:
+            predicate = f"{predicate} AND ({target_filter})"
         (
             handle.table.merge(
                 data,
@@ -325,6 +330,34 @@ def _write(
         )
 
 
+# A MERGE narrowed to more boxes than this reads a long OR; past it the source-derived pruning
+# alone is used.
+MOST_TARGET_BOXES = 64
+
+
+def _target_filter(work: KeyedWork, rows: list[dict]) -> str | None:
+    """`(t.c1 = v1 AND t.c2 = v2) OR ...` over the clustering columns of the rows the MERGE
+    updates, with their values as the table holds them (a reassign's old workarea): Z-ordered
+    files span narrow boxes of those columns, so the literals prune what the source-derived
+    range on the merge key cannot. None when a value is unknown, NULL or not text/integer."""
+    boxes = work.clustered(rows)
+    if not boxes or len(boxes) > MOST_TARGET_BOXES:
+        return None
+    columns = work.spec.zorder_by
+    terms = []
+    for box in sorted(set(boxes)):
+        parts = []
+        for column, value in zip(columns, box, strict=True):
+            if isinstance(value, str):
+                parts.append(f"t.{column} = '" + value.replace("'", "''") + "'")
+            elif isinstance(value, int) and not isinstance(value, bool):
+                parts.append(f"t.{column} = {value}")
+            else:
+                return None
+        terms.append("(" + " AND ".join(parts) + ")")
+    return " OR ".join(terms)
+
+
 def _commit_table(
     lake: Lake,
     tenant_id: str,
@@ -335,11 +368,12 @@ def _commit_table(
     leading_txn: int,
     config: WriterConfig,
     configuration: dict[str, str],
-    only_new: Callable[[list[dict]], bool] | None = None,
+    work: KeyedWork | None = None,
 ) -> TableOutcome:
     """Land `output(txn)` in one fenced commit, re-checking the skip rule after any conflict.
-    `only_new(rows)` says whether rows are all absent from the table version the fold read:
-    then, on the first attempt (that version is the one committed on), they are appended."""
+    On the first attempt the table version committed on is the one the fold read, so what
+    `work` (a MERGE table's working copy) knows of it holds: rows all absent from it are
+    appended, and a MERGE's target rows are narrowed to where the updated rows lie."""
     outcome = TableOutcome(handle.name, "skipped", txn_before=handle.txn, txn_after=handle.txn)
     last_conflict: Exception | None = None
     for attempt in range(1, config.max_commit_attempts + 1):
@@ -350,10 +384,13 @@ def _commit_table(
             outcome.action = "skipped"
             return outcome
         rows = output(txn)
-        inserts_only = False
+        inserts_only, target_filter = False, None
         if not isinstance(rows, pa.Table):
-            # A concurrent commit (attempt > 1) may have added any key: MERGE then.
-            inserts_only = attempt == 1 and only_new is not None and bool(rows) and only_new(rows)
+            # After a concurrent commit (attempt > 1) any key may have appeared or moved: a plain
+            # MERGE then.
+            if attempt == 1 and work is not None and rows:
+                inserts_only = work.only_new(rows)
+                target_filter = None if inserts_only else _target_filter(work, rows)
             rows = pa.Table.from_pylist(rows, schema=handle.spec.schema)
         lag = sum(1 for s in op_seqs if s > txn)
         # A table that does not exist yet is created even empty: a tenant's first batch makes
@@ -369,7 +406,7 @@ def _commit_table(
             return outcome
         props = _commit_properties(tenant_id, txn, batch_end, lag)
         try:
-            _write(handle, lake, rows, props, configuration, inserts_only)
+            _write(handle, lake, rows, props, configuration, inserts_only, target_filter)
         except CommitFailedError as conflict:
             # A concurrent writer got there first: reload, then the skip rule decides.
             last_conflict = conflict
@@ -511,7 +548,7 @@ def _drain_batch(
                 leading,
                 config,
                 configuration,
-                work.only_new if isinstance(work, KeyedWork) else None,
+                work if isinstance(work, KeyedWork) else None,
             )
         )
 
