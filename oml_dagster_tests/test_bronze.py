@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import json
 import re
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake.bronze import _B64, JSON_TEXT, decode_base64, json_texts
+from oml_dagster.lake.bronze import (
+    _B64,
+    _INSTANT,
+    JSON_TEXT,
+    _instant,
+    _instant_by_parts,
+    decode_base64,
+    json_texts,
+)
 
 _VALID_B64 = st.one_of(
     st.binary(max_size=200).map(lambda b: base64.b64encode(b).decode()),
@@ -94,3 +104,26 @@ def test_json_texts_clear_payload_text_at_once_and_parse_the_rest():
     # the pattern alone clears the usual text; only the rows asked about are parsed one by one
     mask = json_texts(texts, pa.chunked_array([[False, True, True, False]]))
     assert mask.to_pylist() == [True, True, False, False]
+
+
+_CANONICAL = [
+    "2026-11-01T12:00:00Z",
+    "2026-11-01T12:00:00.1Z",
+    "2026-11-01T12:00:00.123456+00:00",
+    "2024-02-29T23:59:59.999999Z",
+    "0001-01-01T00:00:00Z",
+]
+
+
+@pytest.mark.parametrize("bad", [None, "2023-02-29T00:00:00Z", "2026-11-01T24:00:00Z"])
+def test_instants_cast_at_once_equal_the_parse_by_parts(bad):
+    """The whole-array cast and the field-by-field parse agree; a batch with an impossible
+    instant takes the second path and still clears the others."""
+    texts = [*_CANONICAL, "0000-01-01T00:00:00Z", *([bad] if bad else [])]
+    at = pa.chunked_array([pa.array(texts, pa.string())])
+    shaped = pc.match_substring_regex(at, _INSTANT)
+    valid, stamps = _instant(at, shaped)
+    by_parts = _instant_by_parts(at, shaped)
+    assert valid.to_pylist() == by_parts[0].to_pylist() == [True] * 5 + [False] * (len(texts) - 5)
+    expected = [dt.datetime.fromisoformat(t).astimezone(dt.UTC) for t in _CANONICAL]
+    assert stamps[:5].to_pylist() == by_parts[1][:5].to_pylist() == expected

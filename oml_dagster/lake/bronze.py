@@ -1,6 +1,7 @@
 """bronze.events as columns: the journal events of a fetched batch (`fetch.py`) are checked with
 Arrow compute, column by column, and those that pass become bronze rows without a Python object
-per row.
+per row: base64 decoded for the whole batch at once, payload JSON text cleared by a pattern,
+settling and dedup as masks (decision 0022).
 
 The checks are the op catalog's `journal.event` rules, made conservative: an event they clear is
 one the catalog accepts with the same values (`test_fetch.py` holds them to that); an event they
@@ -74,8 +75,24 @@ class _Fields:
 def _instant(
     at: pa.ChunkedArray, shaped: pa.ChunkedArray
 ) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
-    """(valid, µs UTC timestamps) of canonical instants: the calendar must hold the date (Arrow's
-    strptime rolls 2023-02-29 over to March, so the parse must print back the same)."""
+    """(valid, µs UTC timestamps) of canonical instants. Arrow's ISO 8601 cast checks the
+    calendar (no 2023-02-29, hour 24 or second 60) but fails the whole array on one bad value,
+    so a batch holding one is parsed field by field instead (`_instant_by_parts`). Year 0000,
+    which Python refuses, is never valid."""
+    text = pc.if_else(shaped, at, None)
+    try:
+        stamp = pc.cast(text, _TIMESTAMP)
+    except pa.ArrowInvalid:
+        return _instant_by_parts(at, shaped)
+    return _all(shaped, pc.not_equal(pc.utf8_slice_codeunits(text, 0, 4), "0000")), stamp
+
+
+def _instant_by_parts(
+    at: pa.ChunkedArray, shaped: pa.ChunkedArray
+) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    """`_instant` for a batch holding an impossible date or time: the calendar must hold the
+    date (Arrow's strptime rolls 2023-02-29 over to March, so the parse must print back the
+    same)."""
     text = pc.if_else(shaped, at, None)
     seconds = pc.utf8_slice_codeunits(text, 0, 19)
     parsed = pc.strptime(seconds, format=_SECONDS, unit="us", error_is_null=True)
@@ -141,9 +158,10 @@ def decode_base64(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The bytes of base64 text, for values the checks matched with `_B64` (or one of its
     narrower patterns): whole quads, padding only in the last one, no nulls. The batch's values
     are decoded in one SIMD `pybase64` call over their joined text, their padding read as "A"
-    (which decodes to zero bits in the same places), then each value drops the one or two bytes
-    its padding stood for. Equals `binascii.a2b_base64` per value (`test_bronze.py`); text
-    that breaks the precondition raises instead of decoding to something else."""
+    (which decodes to zero bits in the same places); then the one or two bytes each value's
+    padding stood for are dropped from the decoded buffer. Equals `binascii.a2b_base64` per
+    value (`test_bronze.py`); text that breaks the precondition raises instead of decoding to
+    something else."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     values = values.cast(pa.large_string())
@@ -153,26 +171,28 @@ def decode_base64(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     _, offsets_buffer, data_buffer = values.buffers()
     offsets = np.frombuffer(offsets_buffer, np.int64)[values.offset : values.offset + n + 1]
     start, stop = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
-    offsets = offsets - start
-    if np.any(offsets % 4):
+    ends = offsets[1:] - start
+    if np.any(ends % 4):
         raise ValueError("base64 values must be whole quads")
+    one = pc.ends_with(values, "=").to_numpy(zero_copy_only=False)
+    two = pc.ends_with(values, "==").to_numpy(zero_copy_only=False)
     text = np.frombuffer(data_buffer, np.uint8)[start:stop].copy() if stop > start else None
-    one, two = pc.ends_with(values, "="), pc.ends_with(values, "==")
-    padded = pc.any(one).as_py()
-    if padded:
-        ends = offsets[1:]
-        text[ends[one.to_numpy(zero_copy_only=False)] - 1] = ord("A")
-        text[ends[two.to_numpy(zero_copy_only=False)] - 2] = ord("A")
-    decoded = pybase64.b64decode(text, validate=True) if text is not None else b""
-    whole = pa.Array.from_buffers(
-        pa.large_binary(), n, [None, pa.py_buffer(offsets // 4 * 3), pa.py_buffer(decoded)]
-    )
-    if not padded:
-        return whole
-    return pc.if_else(
-        two,
-        pc.binary_slice(whole, 0, -2),
-        pc.if_else(one, pc.binary_slice(whole, 0, -1), whole),
+    if text is None:
+        decoded = np.empty(0, np.uint8)
+    else:
+        text[ends[one] - 1] = ord("A")
+        text[ends[two] - 2] = ord("A")
+        decoded = np.frombuffer(pybase64.b64decode(text, validate=True), np.uint8)
+    decoded_ends = ends // 4 * 3
+    if one.any():
+        keep = np.ones(len(decoded), bool)
+        keep[decoded_ends[one] - 1] = False
+        keep[decoded_ends[two] - 2] = False
+        decoded = decoded[keep]
+    out_offsets = np.zeros(n + 1, np.int64)
+    out_offsets[1:] = decoded_ends - np.cumsum(one.astype(np.int64) + two)
+    return pa.Array.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(out_offsets), pa.py_buffer(decoded)]
     )
 
 

@@ -1,12 +1,14 @@
 """Reading a batch of a tenant's outbox as Arrow columns (ADBC).
 
-For every `journal.event` row whose payload is a JSON object, the query takes the payload apart
-once (`jsonb_to_record`) and returns each field as text beside its JSON type, whether the object
-has fields the catalog does not declare, and who owns its api key. `bronze.py` checks those
-columns and turns the rows that pass into bronze rows without a Python object per row. Every
-other row comes with its payload as JSON text for the catalog's per-op path. PostgreSQL does
-no format checks here: its regular expressions cost microseconds per field and row, where
-Arrow's (RE2) cost nanoseconds, and a cast it cannot make would fail the whole query.
+For every `journal.event` row whose payload is a JSON object, the query returns each field as
+text (`->>`), the JSON type of the fields whose check needs it (`TYPED_FIELDS`), whether the
+object has fields the catalog does not declare, and whether the tenant owns its api key.
+`bronze.py` checks those columns and turns the rows that pass into bronze rows without a Python
+object per row. Every other row comes with its payload as JSON text for the catalog's per-op
+path. PostgreSQL does no format checks here: its regular expressions cost microseconds per
+field and row, where Arrow's (RE2) cost nanoseconds, and a cast it cannot make would fail the
+whole query. The statement's rows keep the index's seq order from scan to output (decision
+0022).
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class Fetcher:
         if self._adbc is None:
             self._adbc = adbc.connect(self._conninfo, autocommit=True)
             with self._adbc.cursor() as cur:
-                # A batch's sorts and window stay in memory (the default 4 MB spills to disk).
+                # A batch's window stays in memory (the default 4 MB spills to disk).
                 cur.execute("SET work_mem = '256MB'")
         with self._adbc.cursor() as cur:
             cur.execute(BATCH_SQL, parameters=(tenant_id, after, max_ops, max_bytes))
