@@ -122,8 +122,9 @@ def main() -> None:
             )
             lake = Lake(os.path.join(tmp, "oml-lake"))
             started = time.perf_counter()
-            drain(conn, lake, [keys.tenant_id], until_idle=True, config=config)
+            passes = drain(conn, lake, [keys.tenant_id], until_idle=True, config=config)
             drained = time.perf_counter() - started
+            sizes = [b.ops for p in passes for b in p.batches if b.ops]
             table = lake.open(lake.table_uri(keys.tenant_id, BRONZE_EVENTS))
             assert table.to_pyarrow_table(columns=["journal_seq"]).num_rows == args.events
 
@@ -133,6 +134,7 @@ def main() -> None:
         print(f"baseline write_deltalake: {baseline:.2f} s = {n / baseline:,.0f} rows/s")
         print(f"drain --until-idle:       {drained:.2f} s = {n / drained:,.0f} events/s")
         print(f"ratio drain / baseline:   {baseline / drained:.2f}x")
+        print(f"batches: {len(sizes)} of {', '.join(f'{n:,}' for n in sizes)} ops")
 
 
 if __name__ == "__main__":

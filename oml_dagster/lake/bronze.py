@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pybase64
 
+from .fetch import EVENT_FIELDS
 from .tables import BRONZE_EVENTS, PROVENANCES
 
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
@@ -268,7 +269,8 @@ def cleared_events(
         pc.invert(pc.is_in(journal_seq, _int64s(held_journal_seqs))),
     )
     keep = _all(unique, json_texts(fetched["f_payload"], unique))
-    rows = fetched.append_column("at", at).filter(keep)
+    needed = ["tenant_id", "seq", *(f"f_{name}" for name in EVENT_FIELDS)]
+    rows = fetched.select(needed).append_column("at", at).filter(keep)
     columns = {
         "tenant_id": rows["tenant_id"],
         "journal_seq": pc.cast(rows["f_journal_seq"], pa.int64()),
