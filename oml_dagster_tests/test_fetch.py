@@ -187,3 +187,26 @@ def test_canonical_events_are_cleared(conn):
         batch = fetcher.fetch(keys.tenant_id, 0, 100, 2**30)
     assert checked_events(batch.columns)[0].to_pylist() == [True] * 5
     assert not batch.more
+
+
+def test_batches_are_cut_by_ops_and_bytes_and_say_whether_more_follows(conn):
+    """The byte cap keeps whole ops while their stored payloads fit, always the first; `more`
+    says whether the scan read an op past the cut (byte cap) or the batch is full (op cap)."""
+    keys = producer.create_tenant(conn)
+    for i in range(5):
+        producer.commit_act(conn, keys, producer.Event("x.y", {"i": i}), [])
+    sequencer.sequence(conn)
+    size = conn.execute(
+        "SELECT max(pg_column_size(payload)) FROM oml.outbox WHERE tenant_id = %s",
+        (keys.tenant_id,),
+    ).fetchone()[0]
+    with Fetcher(conn) as fetcher:
+        first = fetcher.fetch(keys.tenant_id, 0, 100, 1)
+        two = fetcher.fetch(keys.tenant_id, 0, 100, 2 * size + 1)
+        full = fetcher.fetch(keys.tenant_id, 0, 5, 2**30)
+        rest = fetcher.fetch(keys.tenant_id, two.seqs[-1], 100, 2**30)
+    assert (len(first), first.more) == (1, True)
+    assert (len(two), two.more) == (2, True)
+    assert (len(full), full.more) == (5, True)
+    assert (len(rest), rest.more) == (3, False)
+    assert rest.seqs == full.seqs[2:]

@@ -499,8 +499,11 @@ def _drain_batch(
         op.args["journal_seq"] for _, op in ops if isinstance(op, Op) and op.name == "journal.event"
     ]
     bronze = handles[BRONZE_EVENTS.name]
-    cleared_seqs = pc.cast(pc.filter(columns["f_journal_seq"], checked[0]), pa.int64())
-    held = _held_events(bronze.table, [*catalog_events, *cleared_seqs.to_pylist()])
+    cleared_seqs = pc.min_max(pc.cast(pc.filter(columns["f_journal_seq"], checked[0]), pa.int64()))
+    held = _held_events(
+        bronze.table,
+        [*catalog_events, *(s.as_py() for s in cleared_seqs.values() if s.is_valid)],
+    )
     cleared = cleared_events(
         columns,
         checked,
@@ -510,10 +513,8 @@ def _drain_batch(
         catalog_journal_seqs=catalog_events,
     )
     # Cleared events the batch's order decides after all (replays, conflicts, bad JSON text).
-    back = pc.is_in(columns["seq"], pa.array(sorted(cleared.cleared | cleared.done), pa.int64()))
-    back = pc.and_(checked[0], pc.invert(back))
-    if pc.any(back).as_py():
-        more_ops, more_rows = _catalog_ops(conn, tenant_id, columns.filter(back))
+    if pc.any(cleared.folded).as_py():
+        more_ops, more_rows = _catalog_ops(conn, tenant_id, columns.filter(cleared.folded))
         ops = sorted([*ops, *more_ops], key=lambda pair: pair[0])
         rows = sorted([*rows, *more_rows], key=lambda row: row[0])
     result.ops_folded = len(ops)
@@ -599,7 +600,8 @@ def _parse(tenant_id: str, rows: list[tuple]) -> list[tuple[int, Op | RefusedOp]
 
 
 def _held_events(bronze: DeltaTable | None, journal_seqs: list[int]) -> dict[int, tuple]:
-    """journal_seq -> (event_id, hash) of the events bronze holds in the range of `journal_seqs`."""
+    """journal_seq -> (event_id, hash) of the events bronze holds between the least and the
+    greatest of `journal_seqs`."""
     if bronze is None or not journal_seqs:
         return {}
     held = query(
