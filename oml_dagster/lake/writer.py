@@ -94,6 +94,9 @@ class TableOutcome:
     table: str
     action: str  # committed | txn-only | skipped | unchanged
     rows: int = 0
+    # Of `rows`, those the commit inserted and those it updated (from the MERGE's metrics).
+    rows_added: int = 0
+    rows_updated: int = 0
     txn_before: int = 0
     txn_after: int = 0
     version: int | None = None
@@ -283,11 +286,12 @@ def _write(
     configuration: dict[str, str],
     inserts_only: bool = False,
     target_filter: str | None = None,
-) -> None:
+) -> tuple[int, int]:
     """Create, MERGE or append. Rows that are all new to the table version committed on
     (`inserts_only`) are appended: a MERGE would read the table's files to find none of them.
     `target_filter` narrows the target rows a MERGE may match (it must hold for every row the
-    source updates): its literals prune files by their statistics."""
+    source updates): its literals prune files by their statistics. Returns (rows inserted,
+    rows updated)."""
     spec = handle.spec
     parquet = writer_properties(spec)
     if handle.table is None:
@@ -305,7 +309,7 @@ def _write(
         predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
         if target_filter:
             predicate = f"{predicate} AND ({target_filter})"
-        (
+        metrics = (
             handle.table.merge(
                 data,
                 predicate,
@@ -319,6 +323,10 @@ def _write(
             .when_not_matched_insert_all()
             .execute()
         )
+        return (
+            int(metrics.get("num_target_rows_inserted", 0)),
+            int(metrics.get("num_target_rows_updated", 0)),
+        )
     else:
         write_deltalake(
             handle.table,
@@ -328,6 +336,7 @@ def _write(
             writer_properties=parquet,
             commit_properties=props,
         )
+    return data.num_rows, 0
 
 
 # A MERGE narrowed to more boxes than this reads a long OR; past it the source-derived pruning
@@ -406,7 +415,9 @@ def _commit_table(
             return outcome
         props = _commit_properties(tenant_id, txn, batch_end, lag)
         try:
-            _write(handle, lake, rows, props, configuration, inserts_only, target_filter)
+            added, updated = _write(
+                handle, lake, rows, props, configuration, inserts_only, target_filter
+            )
         except CommitFailedError as conflict:
             # A concurrent writer got there first: reload, then the skip rule decides.
             last_conflict = conflict
@@ -423,6 +434,7 @@ def _commit_table(
         handle.table = lake.open(handle.uri)
         outcome.action = "committed" if rows.num_rows else "txn-only"
         outcome.rows = rows.num_rows
+        outcome.rows_added, outcome.rows_updated = added, updated
         outcome.txn_after = batch_end
         outcome.version = handle.table.version()
         return outcome
