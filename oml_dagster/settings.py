@@ -206,6 +206,13 @@ RUN_DRAIN_SECONDS: Setting[float] = Setting(
     "seconds (a number >= 0)",
     "How long one lake-writer run keeps draining its tenant (0: one batch per run).",
 )
+SHARD_RUN_SECONDS: Setting[float] = Setting(
+    "OML_SHARD_RUN_SECONDS",
+    300.0,
+    _seconds(zero=True),
+    "seconds (a number >= 0)",
+    "How long one shard run keeps draining its shard's tenants (0: one pass per run).",
+)
 DRAIN_SHARDS: Setting[int] = Setting(
     "OML_DRAIN_SHARDS",
     4,
@@ -274,6 +281,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     FOLD_TIMEOUT_SECONDS,
     RUN_DRAIN_SECONDS,
     DRAIN_SHARDS,
+    SHARD_RUN_SECONDS,
     SENSOR_INTERVAL_SECONDS,
     DAGSTER_AUTOSTART,
     SCHEDULE_TIMEZONE,

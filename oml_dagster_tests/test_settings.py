@@ -26,6 +26,7 @@ BAD = {
     "OML_FOLD_TIMEOUT_SECONDS": "0",
     "OML_RUN_DRAIN_SECONDS": "-1",
     "OML_DRAIN_SHARDS": "-2",
+    "OML_SHARD_RUN_SECONDS": "-1",
     "OML_SENSOR_INTERVAL_SECONDS": "half a minute",
     "OML_DAGSTER_AUTOSTART": "sometimes",
     "OML_SCHEDULE_TIMEZONE": "Mars/Olympus_Mons",

@@ -39,7 +39,7 @@ def resources(shards: int) -> dict:
     return {
         "postgres": PostgresResource(),
         "lake": LakeResource(),
-        "writer": WriterResource(drain_shards=shards, run_drain_seconds=5),
+        "writer": WriterResource(drain_shards=shards, shard_drain_seconds=5),
     }
 
 
@@ -175,7 +175,7 @@ def test_the_daemon_keeps_shard_runs_that_drain_every_tenant(conn, lake, tmp_pat
             DAGSTER_HOME=str(home),
             OML_DAGSTER_AUTOSTART="1",
             OML_SENSOR_INTERVAL_SECONDS="5",
-            OML_RUN_DRAIN_SECONDS="3",
+            OML_SHARD_RUN_SECONDS="3",
             **pg,
         )
         env.pop("OML_DRAIN_SHARDS", None)  # the default
@@ -212,4 +212,44 @@ def test_the_daemon_keeps_shard_runs_that_drain_every_tenant(conn, lake, tmp_pat
         assert len(runs) > before >= 1
         assert not instance.get_runs(RunsFilter(job_name="lake_writer_job"))
         assert all(r.tags.get(SHARD_TAG, "").endswith("/4") for r in runs)
-        assert {r.status for r in runs} <= {DagsterRunStatus.SUCCESS, DagsterRunStatus.STARTED}
+        failed = {
+            r.run_id: [
+                e.message
+                for e in instance.all_logs(r.run_id)
+                if e.dagster_event is not None and e.dagster_event.is_failure
+            ]
+            for r in runs
+            if r.status == DagsterRunStatus.FAILURE
+        }
+        assert not failed, failed
+
+
+def test_a_long_shard_run_reports_each_tenant_as_it_goes(conn, lake, defs, instance, monkeypatch):
+    """Materializations come every REPORT_SECONDS (here: after every pass), each covering the
+    batches since the last one: together they account for every op the run read."""
+    from oml_dagster.defs import shards
+
+    monkeypatch.setattr(shards, "REPORT_SECONDS", 0.0)
+    (work,) = tenants_of_shards(conn, lake, 1, {0: 1})[0]
+    tick(defs, instance, 1)
+    small = {
+        **resources(1),
+        "writer": WriterResource(drain_shards=1, shard_drain_seconds=60, max_batch=6),
+    }
+    job = defs.resolve_job_def("lake_writer_shard_job")
+    result = job.execute_in_process(
+        run_config={"ops": {"drain_shard": {"config": {"shard": 0, "shards": 1}}}},
+        instance=instance,
+        resources=small,
+    )
+    assert result.success
+    records = instance.fetch_materializations(SILVER, limit=100).records
+    mine = [r for r in records if r.partition_key == work.tenant_id]
+    assert len(mine) > 2, len(mine)
+    read = sum(r.asset_materialization.metadata["ops_in_batch"].value for r in mine)
+    total = conn.execute(
+        "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s", (work.tenant_id,)
+    ).fetchone()[0]
+    assert read == total
+    batches = sum(r.asset_materialization.metadata["batches"].value for r in mine)
+    assert batches >= len(mine)

@@ -21,6 +21,7 @@ from oml_dagster.settings import (
     RUN_DRAIN_SECONDS,
     SCHEDULE_TIMEZONE,
     SENSOR_INTERVAL_SECONDS,
+    SHARD_RUN_SECONDS,
     Env,
     writer_batch,
 )
@@ -54,6 +55,13 @@ class WriterResource(ConfigurableResource):
     txn_lag_limit: int | None = None
     run_drain_seconds: float | None = None
     drain_shards: int | None = None
+    shard_drain_seconds: float | None = None
+
+    def shard_run_seconds(self) -> float:
+        """How long a shard run keeps draining (ADR 0027); 0: one pass per run."""
+        if self.shard_drain_seconds is None:
+            return SHARD_RUN_SECONDS.read()
+        return SHARD_RUN_SECONDS.accept(str(self.shard_drain_seconds), "shard_drain_seconds")
 
     def shards(self) -> int:
         """How many shard runs the outbox sensor keeps (ADR 0027); 0: one run per tenant."""

@@ -11,6 +11,7 @@ from the UI, maintenance) writing one of the shard's tenants is left alone: each
 tenants such a run holds; one that starts in the middle of a pass overlaps the shard run for at
 most a batch, which the fenced commits make safe (DESIGN §3)."""
 
+import time
 import uuid
 
 from dagster import (
@@ -25,12 +26,15 @@ from dagster import (
     op,
 )
 
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPass, drain
+from oml_dagster.lake.writer import BatchResult
 
 from .assets import TABLE_OF, run_metadata
 from .resources import LakeResource, PostgresResource, WriterResource
 
 SHARD_TAG = "oml/shard"
+# How often a shard run reports its tenants' commits (and once at its end).
+REPORT_SECONDS = 30.0
 PARTITION_TAG = "dagster/partition"
 IN_FLIGHT = [
     DagsterRunStatus.NOT_STARTED,
@@ -65,8 +69,8 @@ class ShardConfig(Config):
 @op(
     description=(
         "Drains the pending tenants of one shard, pass after pass, until they are idle or the "
-        "run's time cap (OML_RUN_DRAIN_SECONDS) passes; reports each tenant's commits to its "
-        "partition of the lake assets."
+        "shard run's time cap (OML_SHARD_RUN_SECONDS) passes; reports each tenant's commits to "
+        "its partition of the lake assets as it goes."
     )
 )
 def drain_shard(
@@ -79,8 +83,10 @@ def drain_shard(
     if not 0 <= config.shard < config.shards:
         raise ValueError(f"shard {config.shard} is not one of 0..{config.shards - 1}")
     store = lake.get_lake()
-    cap = writer.drain_seconds()
+    cap = writer.shard_run_seconds()
+    tag = shard_tag(config.shard, config.shards)
     with postgres.connect() as conn:
+        report = _Report(context, conn, store)
         passes = drain(
             conn,
             store,
@@ -89,22 +95,46 @@ def drain_shard(
             max_seconds=cap,
             owns=lambda t: shard_of(t, config.shards) == config.shard,
             skip=lambda: tenants_held(context.instance),
+            on_pass=report.on_pass,
         )
-        by_tenant: dict[str, list] = {}
-        for result in (b for p in passes for b in p.batches):
-            by_tenant.setdefault(result.tenant_id, []).append(result)
-        reported = {t: run_metadata(conn, store, results) for t, results in by_tenant.items()}
-    for tenant_id, metadata in sorted(reported.items()):
-        for key in TABLE_OF:
-            context.log_event(
-                AssetMaterialization(asset_key=key, partition=tenant_id, metadata=metadata[key])
-            )
-    ops = sum(b.ops for p in passes for b in p.batches)
+        report.flush()
     context.log.info(
-        f"shard {shard_tag(config.shard, config.shards)}: {len(passes)} passes, "
-        f"{len(reported)} tenants, {ops} ops read, "
-        f"{sum(p.sequenced_here for p in passes)} ops sequenced for the shard"
+        f"shard {tag}: {len(passes)} passes, {len(report.tenants)} tenants, "
+        f"{sum(b.ops for p in passes for b in p.batches)} ops read, "
+        f"{sum(p.sequenced_here for p in passes)} ops sequenced for the shard, "
+        f"{report.flushes} reports"
     )
+
+
+class _Report:
+    """Each tenant's commits since the last report, logged as materializations of its partition
+    every REPORT_SECONDS of the run and at its end: a long shard run shows its progress in the UI
+    as it goes, and the report's cost stays a small part of the run."""
+
+    def __init__(self, context: OpExecutionContext, conn, store):
+        self.context, self.conn, self.store = context, conn, store
+        self.waiting: dict[str, list[BatchResult]] = {}
+        self.tenants: set[str] = set()
+        self.flushes = 0
+        self.last = time.monotonic()
+
+    def on_pass(self, drained: DrainPass) -> None:
+        for result in drained.batches:
+            self.waiting.setdefault(result.tenant_id, []).append(result)
+        if time.monotonic() - self.last >= REPORT_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        for tenant_id, results in sorted(self.waiting.items()):
+            metadata = run_metadata(self.conn, self.store, results)
+            for key in TABLE_OF:
+                self.context.log_event(
+                    AssetMaterialization(asset_key=key, partition=tenant_id, metadata=metadata[key])
+                )
+            self.tenants.add(tenant_id)
+        self.flushes += bool(self.waiting)
+        self.waiting = {}
+        self.last = time.monotonic()
 
 
 @job(
