@@ -1,0 +1,336 @@
+"""Freshness per tenant: the `fresh_within_bound` check on `bronze/events`, stored per tenant
+partition, fails (severity ERROR) when the tenant's oldest outbox row not yet in every core table
+is older than OML_FRESHNESS_BOUND_SECONDS (default 300 s). See
+`docs/decisions/0023-freshness-per-tenant.md`.
+
+`lake_freshness_sensor` evaluates it for every tenant without a run: each tick reads the lag of
+every lagging tenant in one Postgres query and reports the check's evaluations as runless events,
+each on its tenant's partition. A tenant no run drains (stuck, failing runs, the outbox sensor
+stopped) is flagged all the same. A tick reports only what changed or needs saying again:
+tenants past the bound (every tick, so the lag in the UI is current), tenants back within it,
+tenants whose bronze partition was materialized since the last tick (Dagster shows a check as
+current only until the asset's next materialization), and partitions never evaluated yet (a page
+per tick). Ten thousand quiet tenants cost one query each tick, not ten thousand runs or events.
+
+The check also runs in lake-writer runs from the UI or a backfill (after the drain), judged the
+same way; the outbox sensor's runs leave it out, the freshness sensor covers them.
+"""
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckExecutionContext,
+    AssetCheckKey,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetRecordsFilter,
+    Config,
+    DagsterEventType,
+    DagsterInstance,
+    DefaultSensorStatus,
+    MetadataValue,
+    OpExecutionContext,
+    PreviewWarning,
+    RunConfig,
+    RunRequest,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    asset_check,
+    in_process_executor,
+    job,
+    op,
+    sensor,
+)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+
+from oml_dagster.lake.freshness import TenantLag, tenant_lags
+
+from .assets import AREAS, BRONZE, LINEAGE, OUTBOX, SILVER
+from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
+from .resources import PostgresResource, settings
+from .sensors import tenants_in_flight
+
+# A check stored per tenant partition needs `partitions_def`, a preview in this Dagster release.
+warnings.filterwarnings(
+    "ignore", "Specifying a partitions_def on an AssetCheckSpec", category=PreviewWarning
+)
+
+CHECK_NAME = "fresh_within_bound"
+FRESHNESS_CHECK = AssetCheckKey(BRONZE, CHECK_NAME)
+# Partitions never evaluated yet, reported per tick at most (a fresh instance with 10,000
+# tenants gets them all within ten ticks).
+NEW_PER_TICK = 1000
+
+
+@dataclass(frozen=True)
+class FreshnessSettings:
+    """OML_FRESHNESS_BOUND_SECONDS (default 300): how old a tenant's oldest undrained outbox row
+    may be; OML_FRESHNESS_INTERVAL_SECONDS (default 60): how often the sensor judges every
+    tenant. A value that is not a positive number is refused when the code location loads."""
+
+    bound_seconds: float = 300.0
+    interval_seconds: int = 60
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "FreshnessSettings":
+        bound = _positive(env, "OML_FRESHNESS_BOUND_SECONDS", cls.bound_seconds)
+        interval = _positive(env, "OML_FRESHNESS_INTERVAL_SECONDS", cls.interval_seconds)
+        if interval != int(interval):
+            raise ValueError(
+                f"OML_FRESHNESS_INTERVAL_SECONDS={env['OML_FRESHNESS_INTERVAL_SECONDS']!r}: "
+                "expected whole seconds (an integer > 0)"
+            )
+        return cls(bound_seconds=bound, interval_seconds=int(interval))
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={raw!r}: expected seconds (a number > 0)")
+    return value
+
+
+def judge(
+    lag: TenantLag | None, bound: float, in_flight: bool | None = None
+) -> tuple[bool, str, dict]:
+    """(passed, description, metadata) of the check for one tenant; `lag` None: nothing waits.
+    `in_flight` (the sensor knows it, a run does not need to) says whether a lake-writer run of
+    the tenant is queued or running."""
+    seconds = lag.seconds if lag else 0.0
+    passed = seconds <= bound
+    metadata: dict = {
+        "lag_seconds": float(seconds),
+        "bound_seconds": float(bound),
+        "ops_waiting": lag.ops_waiting if lag else 0,
+        "ops_unsequenced": lag.ops_unsequenced if lag else 0,
+    }
+    if lag:
+        metadata["drained_through"] = lag.drained_through
+        metadata["oldest_waiting_at"] = MetadataValue.timestamp(lag.oldest_at)
+        if lag.last_seq is not None:
+            metadata["last_seq"] = lag.last_seq
+    if in_flight is not None:
+        metadata["lake_writer_run_in_flight"] = in_flight
+    if not lag:
+        return passed, "nothing waits: every outbox row is in every core table", metadata
+    where = (
+        f"{lag.ops_waiting} ops not yet in every core table (drained through seq "
+        f"{lag.drained_through}), {lag.ops_unsequenced} not yet sequenced"
+    )
+    verdict = "past" if not passed else "within"
+    description = f"lag {seconds:.0f} s, {verdict} the bound of {bound:.0f} s: {where}"
+    if not passed and in_flight is False:
+        description += "; no lake-writer run is queued or running for the tenant"
+    return passed, description, metadata
+
+
+config = FreshnessSettings.from_env()
+
+_DESCRIPTION = (
+    "The tenant's oldest outbox row not yet in every core table (bronze, silver, lineage, "
+    "areas; unsequenced rows included) is at most OML_FRESHNESS_BOUND_SECONDS old "
+    f"(here {config.bound_seconds:.0f} s). Judged every OML_FRESHNESS_INTERVAL_SECONDS by "
+    "lake_freshness_sensor, without runs; fails with severity ERROR, naming the lag."
+)
+
+
+@asset_check(
+    asset=BRONZE,
+    name=CHECK_NAME,
+    partitions_def=tenant_partitions,
+    additional_deps=[OUTBOX, SILVER, LINEAGE, AREAS],
+    description=_DESCRIPTION,
+)
+def fresh_within_bound(
+    context: AssetCheckExecutionContext, postgres: PostgresResource
+) -> AssetCheckResult:
+    tenant_id = context.partition_key
+    with postgres.connect() as conn:
+        lag = tenant_lags(conn, [tenant_id]).get(tenant_id)
+    passed, description, metadata = judge(lag, config.bound_seconds)
+    return AssetCheckResult(
+        passed=passed,
+        severity=AssetCheckSeverity.ERROR,
+        description=description,
+        metadata=metadata,
+    )
+
+
+# --- the sensor ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """What the last tick left: the event storage id up to which bronze materializations were
+    seen, the page cursor of partitions already evaluated once, and the tenants it reported past
+    the bound (they get a passing evaluation when they are back)."""
+
+    through: int | None = None
+    partitions: str | None = None
+    failing: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def parse(cls, raw: str | None) -> "Cursor":
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        return cls(data.get("through"), data.get("partitions"), frozenset(data.get("failing", [])))
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {
+                "through": self.through,
+                "partitions": self.partitions,
+                "failing": sorted(self.failing),
+            }
+        )
+
+
+def _targets(
+    instance: DagsterInstance, tenants: set[str]
+) -> dict[str, AssetCheckEvaluationTargetMaterializationData]:
+    """Each tenant's latest bronze materialization (two queries for all of them): the evaluation
+    targets it, so the UI shows the status as current until the partition's next run."""
+    if not tenants:
+        return {}
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
+        BRONZE, DagsterEventType.ASSET_MATERIALIZATION, partitions=tenants
+    )
+    if not latest:
+        return {}
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=BRONZE, storage_ids=list(latest.values())), limit=len(latest)
+    ).records
+    return {
+        r.partition_key: AssetCheckEvaluationTargetMaterializationData(
+            storage_id=r.storage_id, run_id=r.run_id, timestamp=r.timestamp
+        )
+        for r in records
+        if r.partition_key is not None
+    }
+
+
+class FreshnessRunConfig(Config):
+    """The tenants a freshness run judges, and the bound it judges them by."""
+
+    tenants: list[str]
+    bound_seconds: float
+
+
+@op(description="Judge the listed tenants' lake lag and report fresh_within_bound on each.")
+def report_freshness(
+    context: OpExecutionContext, config: FreshnessRunConfig, postgres: PostgresResource
+) -> None:
+    tenants = set(config.tenants)
+    busy = tenants_in_flight(context.instance)
+    targets = _targets(context.instance, tenants)
+    with postgres.connect() as conn:
+        lags = tenant_lags(conn, sorted(tenants))
+    failed = 0
+    for tenant_id in sorted(tenants):
+        passed, description, metadata = judge(
+            lags.get(tenant_id), config.bound_seconds, tenant_id in busy
+        )
+        failed += not passed
+        context.log_event(
+            AssetCheckEvaluation(
+                asset_key=BRONZE,
+                check_name=CHECK_NAME,
+                passed=passed,
+                severity=AssetCheckSeverity.ERROR,
+                description=description,
+                metadata=metadata,
+                target_materialization_data=targets.get(tenant_id),
+                partition=tenant_id,
+            )
+        )
+    context.log.info(
+        f"{len(tenants)} tenants judged against {config.bound_seconds:.0f} s: {failed} past it"
+    )
+
+
+@job(
+    executor_def=in_process_executor,
+    description=(
+        "Reports bronze/events' fresh_within_bound check on each listed tenant partition, in "
+        "one run for all of them (lake_freshness_sensor lists them). Reads Postgres only."
+    ),
+)
+def lake_freshness_job():
+    report_freshness()
+
+
+def due_tenants(
+    context: SensorEvaluationContext, postgres: PostgresResource, bound: float
+) -> tuple[set[str], Cursor]:
+    """The tenants to judge this tick, and the cursor for the next (see the module docstring)."""
+    instance = context.instance
+    storage = instance.event_log_storage
+    cursor = Cursor.parse(context.cursor)
+    partitions = set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME))
+    if cursor.through is None:  # first tick: every partition comes through the pages below
+        materialized: Mapping[str, int] = {}
+        through = storage.get_maximum_record_id() or 0
+    else:
+        materialized = storage.get_latest_storage_id_by_partition(
+            BRONZE, DagsterEventType.ASSET_MATERIALIZATION, after_cursor=cursor.through
+        )
+        through = max([cursor.through, *materialized.values()])
+    page = instance.get_paginated_dynamic_partitions(
+        TENANT_PARTITIONS_NAME, limit=NEW_PER_TICK, ascending=True, cursor=cursor.partitions
+    )
+    with postgres.connect() as conn:
+        lags = tenant_lags(conn)
+    failing = {t for t, lag in lags.items() if t in partitions and lag.seconds > bound}
+    due = (failing | cursor.failing | set(materialized) | set(page.results)) & partitions
+    recovered = (cursor.failing - failing) & partitions
+    context.log.info(
+        f"{len(lags)} tenants lag, {len(failing)} past the {bound:.0f} s bound, "
+        f"{len(recovered)} back within it; {len(due)} to judge"
+    )
+    return due, Cursor(through, page.cursor, frozenset(failing))
+
+
+def build_freshness_sensor(freshness: FreshnessSettings, autostart: bool) -> SensorDefinition:
+    @sensor(
+        name="lake_freshness_sensor",
+        job=lake_freshness_job,
+        minimum_interval_seconds=freshness.interval_seconds,
+        default_status=DefaultSensorStatus.RUNNING if autostart else DefaultSensorStatus.STOPPED,
+        description=(
+            "Judges every tenant's lake lag against OML_FRESHNESS_BOUND_SECONDS and requests "
+            "one lake_freshness_job run per tick for the tenants whose check must be reported."
+        ),
+    )
+    def lake_freshness_sensor(
+        context: SensorEvaluationContext, postgres: PostgresResource
+    ) -> SensorResult:
+        due, cursor = due_tenants(context, postgres, freshness.bound_seconds)
+        if not due:
+            return SensorResult(skip_reason="no tenant changed freshness", cursor=cursor.dumps())
+        config = FreshnessRunConfig(tenants=sorted(due), bound_seconds=freshness.bound_seconds)
+        request = RunRequest(
+            run_config=RunConfig(ops={"report_freshness": config}),
+            tags={"oml/tenants": str(len(due))},
+        )
+        return SensorResult(run_requests=[request], cursor=cursor.dumps())
+
+    return lake_freshness_sensor
+
+
+lake_freshness_sensor = build_freshness_sensor(config, settings.autostart)
