@@ -3,14 +3,16 @@ partition, fails (severity ERROR) when the tenant's oldest outbox row not yet in
 is older than OML_FRESHNESS_BOUND_SECONDS (default 300 s). See
 `docs/decisions/0023-freshness-per-tenant.md`.
 
-`lake_freshness_sensor` evaluates it for every tenant without a run: each tick reads the lag of
-every lagging tenant in one Postgres query and reports the check's evaluations as runless events,
-each on its tenant's partition. A tenant no run drains (stuck, failing runs, the outbox sensor
-stopped) is flagged all the same. A tick reports only what changed or needs saying again:
-tenants past the bound (every tick, so the lag in the UI is current), tenants back within it,
-tenants whose bronze partition was materialized since the last tick (Dagster shows a check as
-current only until the asset's next materialization), and partitions never evaluated yet (a page
-per tick). Ten thousand quiet tenants cost one query each tick, not ten thousand runs or events.
+`lake_freshness_sensor` judges every tenant each tick in one Postgres query and picks the tenants
+whose check must be said: those past the bound (every tick, so the lag in the UI is current),
+those back within it, those whose bronze partition was materialized since the last tick (Dagster
+shows a check result as current only until the asset partition's next materialization), and
+partitions never judged yet (a page per tick). If any, it requests one `lake_freshness_job` run
+for all of them, which measures again and logs one check evaluation per tenant partition. A
+tenant no run drains (runs failing, the outbox sensor stopped) is flagged all the same. Ten
+thousand quiet tenants cost one query a tick and no run; never a run per tenant. (Runless
+evaluations from the sensor itself are not an option in this Dagster release: it stores them
+under run id "" and refuses a second one for the same partition.)
 
 The check also runs in lake-writer runs from the UI or a backfill (after the drain), judged the
 same way; the outbox sensor's runs leave it out, the freshness sensor covers them.
@@ -145,7 +147,8 @@ _DESCRIPTION = (
     "The tenant's oldest outbox row not yet in every core table (bronze, silver, lineage, "
     "areas; unsequenced rows included) is at most OML_FRESHNESS_BOUND_SECONDS old "
     f"(here {config.bound_seconds:.0f} s). Judged every OML_FRESHNESS_INTERVAL_SECONDS by "
-    "lake_freshness_sensor, without runs; fails with severity ERROR, naming the lag."
+    "lake_freshness_sensor (one run per tick for all tenants to report, never one per tenant); "
+    "fails with severity ERROR, naming the lag."
 )
 
 
