@@ -47,6 +47,7 @@ from .dagster_support import (
     subprocess_env,
     wait_for,
 )
+from .test_sensor import add_run
 
 BRONZE = AssetKey(["bronze", "events"])
 
@@ -63,7 +64,8 @@ def tick(defs, instance, sensor=None) -> list:
         cursor=cursor,
     ) as context:
         data = sensor.evaluate_tick(context)
-    instance.run_storage.set_cursor_values({"freshness-test": data.cursor})
+    if data.cursor is not None:  # None: the tick leaves the cursor as it was
+        instance.run_storage.set_cursor_values({"freshness-test": data.cursor})
     assert len(data.run_requests) <= 1  # one run per tick, whatever the tenant count
     reported = []
     for request in data.run_requests:
@@ -156,10 +158,13 @@ def test_a_lagging_tenant_fails_on_its_partition_until_drained(conn, lake, defs,
         "SUCCEEDED": {drained.tenant_id},
     }
 
-    # Still stuck a tick later: reported again with its grown lag; the quiet tenant is not.
+    # Still stuck a tick later: still FAILED, not reported again until its lag has doubled.
+    assert tick(defs, instance) == []
+    age(conn, lagging.tenant_id, 3700)
     data = tick(defs, instance)
     assert [e.partition for e in data] == [lagging.tenant_id]
-    assert data[0].metadata["lag_seconds"].value >= lag
+    assert data[0].metadata["lag_seconds"].value >= 2 * lag
+    assert ui_statuses(instance)["FAILED"] == {lagging.tenant_id}
 
     # A run drains it: the next tick reports it back within the bound, on the new
     # materialization, so the UI shows it as passing.
@@ -259,6 +264,14 @@ def test_a_run_reports_the_tenant_lag_on_every_table(conn, lake, defs, instance,
     [(ops, seconds)] = lags  # one number for the tenant, on every table
     assert ops == total - 4
     assert 120 <= seconds < 220
+
+
+def test_a_tick_waits_for_the_freshness_run_in_flight(conn, defs, instance):
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [str(uuid.uuid4())])
+    running = add_run(instance, "-", DagsterRunStatus.STARTED, job="lake_freshness_job")
+    assert tick(defs, instance) == []  # no second run, and the cursor stays where it was
+    instance.report_run_canceled(running)
+    assert len(tick(defs, instance)) == 1
 
 
 @pytest.mark.parametrize("value", ["5m", "0", "-30", "nan", "inf"])

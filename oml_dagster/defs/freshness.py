@@ -41,6 +41,7 @@ from dagster import (
     PreviewWarning,
     RunConfig,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -59,7 +60,7 @@ from oml_dagster.lake.freshness import TenantLag, tenant_lags
 from .assets import AREAS, BRONZE, LINEAGE, OUTBOX, SILVER
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from .resources import PostgresResource, settings
-from .sensors import tenants_in_flight
+from .sensors import IN_FLIGHT, tenants_in_flight
 
 # A check stored per tenant partition needs `partitions_def`, a preview in this Dagster release.
 warnings.filterwarnings(
@@ -68,9 +69,14 @@ warnings.filterwarnings(
 
 CHECK_NAME = "fresh_within_bound"
 FRESHNESS_CHECK = AssetCheckKey(BRONZE, CHECK_NAME)
-# Partitions never evaluated yet, reported per tick at most (a fresh instance with 10,000
-# tenants gets them all within ten ticks).
-NEW_PER_TICK = 1000
+# Partitions never judged yet, reported per tick at most: a run logs an evaluation in about
+# 75 ms on this 2-core machine (bench/freshness_bench.py), so a page is a run of ~20 s and a
+# fresh instance with 10,000 tenants has judged them all within 40 ticks.
+NEW_PER_TICK = 250
+# A tenant still past the bound is reported again once its lag has grown this many times over
+# the lag last reported (its `oldest_waiting_at` says the current lag meanwhile): a stuck
+# tenant's history gets a point per doubling, not one per tick for each of 1,000 tenants.
+REPORT_GROWTH = 2.0
 
 
 @dataclass(frozen=True)
@@ -180,26 +186,27 @@ def fresh_within_bound(
 @dataclass(frozen=True)
 class Cursor:
     """What the last tick left: the event storage id up to which bronze materializations were
-    seen, the page cursor of partitions already evaluated once, and the tenants it reported past
-    the bound (they get a passing evaluation when they are back)."""
+    seen, the page cursor of partitions already judged once, and the tenants past the bound with
+    the lag last reported for each (they are reported again when it has grown REPORT_GROWTH
+    times, and with a passing evaluation when they are back)."""
 
     through: int | None = None
     partitions: str | None = None
-    failing: frozenset[str] = field(default_factory=frozenset)
+    failing: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, raw: str | None) -> "Cursor":
         if not raw:
             return cls()
         data = json.loads(raw)
-        return cls(data.get("through"), data.get("partitions"), frozenset(data.get("failing", [])))
+        return cls(data.get("through"), data.get("partitions"), dict(data.get("failing", {})))
 
     def dumps(self) -> str:
         return json.dumps(
             {
                 "through": self.through,
                 "partitions": self.partitions,
-                "failing": sorted(self.failing),
+                "failing": dict(sorted(self.failing.items())),
             }
         )
 
@@ -299,14 +306,28 @@ def due_tenants(
     )
     with postgres.connect() as conn:
         lags = tenant_lags(conn)
-    failing = {t for t, lag in lags.items() if t in partitions and lag.seconds > bound}
-    due = (failing | cursor.failing | set(materialized) | set(page.results)) & partitions
-    recovered = (cursor.failing - failing) & partitions
+    failing = {t: lag.seconds for t, lag in lags.items() if t in partitions and lag.seconds > bound}
+    grown = {
+        t
+        for t, seconds in failing.items()
+        if t not in cursor.failing or seconds >= REPORT_GROWTH * cursor.failing[t]
+    }
+    recovered = (set(cursor.failing) - set(failing)) & partitions
+    due = (grown | recovered | set(materialized) | set(page.results)) & partitions
+    # The lag last reported: this tick's for the tenants it reports, the earlier one otherwise.
+    reported = {t: failing[t] if t in due else cursor.failing[t] for t in failing}
     context.log.info(
-        f"{len(lags)} tenants lag, {len(failing)} past the {bound:.0f} s bound, "
-        f"{len(recovered)} back within it; {len(due)} to judge"
+        f"{len(lags)} tenants lag, {len(failing)} past the {bound:.0f} s bound "
+        f"({len(grown)} newly or twice as far), {len(recovered)} back within it; "
+        f"{len(due)} to judge"
     )
-    return due, Cursor(through, page.cursor, frozenset(failing))
+    return due, Cursor(through, page.cursor, reported)
+
+
+def freshness_in_flight(instance: DagsterInstance) -> bool:
+    return bool(
+        instance.get_run_ids(RunsFilter(job_name="lake_freshness_job", statuses=IN_FLIGHT), limit=1)
+    )
 
 
 def build_freshness_sensor(freshness: FreshnessSettings, autostart: bool) -> SensorDefinition:
@@ -323,6 +344,8 @@ def build_freshness_sensor(freshness: FreshnessSettings, autostart: bool) -> Sen
     def lake_freshness_sensor(
         context: SensorEvaluationContext, postgres: PostgresResource
     ) -> SensorResult:
+        if freshness_in_flight(context.instance):  # one at a time; the cursor stays as it is
+            return SensorResult(skip_reason="a lake_freshness_job run is still in flight")
         due, cursor = due_tenants(context, postgres, freshness.bound_seconds)
         if not due:
             return SensorResult(skip_reason="no tenant changed freshness", cursor=cursor.dumps())
