@@ -4,10 +4,11 @@ is older than OML_FRESHNESS_BOUND_SECONDS (default 300 s). See
 `docs/decisions/0023-freshness-per-tenant.md`.
 
 `lake_freshness_sensor` judges every tenant each tick in one Postgres query and picks the tenants
-whose check must be said: those past the bound (every tick, so the lag in the UI is current),
-those back within it, those whose bronze partition was materialized since the last tick (Dagster
-shows a check result as current only until the asset partition's next materialization), and
-partitions never judged yet (a page per tick). If any, it requests one `lake_freshness_job` run
+whose check must be said: those newly past the bound or past it twice as far as last reported
+(`oldest_waiting_at` gives the current lag in between), those back within it, those whose
+bronze partition was materialized since the last tick (Dagster shows a check result as current
+only until the asset partition's next materialization), and partitions never judged yet (a
+page per tick). If any, it requests one `lake_freshness_job` run
 for all of them, which measures again and logs one check evaluation per tenant partition. A
 tenant no run drains (runs failing, the outbox sensor stopped) is flagged all the same. Ten
 thousand quiet tenants cost one query a tick and no run; never a run per tenant. (Runless
