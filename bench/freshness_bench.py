@@ -3,10 +3,10 @@
 The database is shaped as in `sensor_bench.py` (N tenants by SQL, P with unsequenced outbox
 rows), the P tenants' rows made an hour old. Dagster's storage is Postgres, as deployed. Timed:
 
-- the first ticks, until every partition has been judged once (pages of NEW_PER_TICK), each with
-  its one lake_freshness_job run, executed in process;
-- a steady tick: P tenants past the bound, reported again (one run for all P);
-- the tick after they recover (one run reporting P passes) and a quiet tick (no run).
+- the first two ticks (the P lagging tenants and a page of never-judged partitions, then the
+  next page), each with its one lake_freshness_job run, executed in process;
+- a tick after the P tenants' lag has doubled (each reported again, one run);
+- a tick with nothing to report (no page: every partition taken as judged), no run.
 
     .venv/bin/python bench/freshness_bench.py --tenants 10000 --lagging 1000
 """
@@ -80,15 +80,24 @@ def scenario(tenants: int, lagging: int) -> dict:
             instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, ids)
             resources = build_resources()
             cursor = None
-            pages = -(-tenants // freshness.NEW_PER_TICK)
-            for phase in [f"first {i + 1}/{pages}" for i in range(pages)] + ["steady"]:
+            # The first ticks: the lagging tenants and a page of never-judged partitions each.
+            for phase in ("first", "second"):
                 cursor, row = tick(defs, instance, resources, cursor)
                 out["ticks"].append({"phase": phase, **row})
+            # The lagging tenants' lag doubles: each is reported again (plus the next page).
             with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("UPDATE oml.outbox SET created_at = now()")
-            for phase in ("recovered", "quiet"):
-                cursor, row = tick(defs, instance, resources, cursor)
-                out["ticks"].append({"phase": phase, **row})
+                conn.execute("UPDATE oml.outbox SET created_at = created_at - interval '2 hours'")
+            cursor, row = tick(defs, instance, resources, cursor)
+            out["ticks"].append({"phase": "doubled", **row})
+            # Every partition judged once (the pages skipped): a tick with nothing to say.
+            cursor = json.dumps({**json.loads(cursor), "partitions": None})
+            freshness.NEW_PER_TICK, pages = 0, freshness.NEW_PER_TICK
+            cursor, row = tick(defs, instance, resources, cursor)
+            out["ticks"].append({"phase": "quiet (no page)", **row})
+            freshness.NEW_PER_TICK = pages
+        for row in out["ticks"]:
+            if row["tenants_judged"]:
+                row["run_ms_per_tenant"] = round(1000 * row["run_s"] / row["tenants_judged"], 1)
     return out
 
 
