@@ -64,8 +64,10 @@ def tick(defs, instance, sensor=None) -> list:
         cursor=cursor,
     ) as context:
         data = sensor.evaluate_tick(context)
-    if data.cursor is not None:  # None: the tick leaves the cursor as it was
+    if data.cursor is not None:  # as the daemon stores it: a tick without a cursor clears it
         instance.run_storage.set_cursor_values({"freshness-test": data.cursor})
+    else:
+        instance.run_storage.set_cursor_values({"freshness-test": ""})
     assert len(data.run_requests) <= 1  # one run per tick, whatever the tenant count
     reported = []
     for request in data.run_requests:
@@ -268,10 +270,15 @@ def test_a_run_reports_the_tenant_lag_on_every_table(conn, lake, defs, instance,
 
 def test_a_tick_waits_for_the_freshness_run_in_flight(conn, defs, instance):
     instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [str(uuid.uuid4())])
+    assert len(tick(defs, instance)) == 1  # the partition judged once
+    cursor = instance.run_storage.get_cursor_values({"freshness-test"})["freshness-test"]
     running = add_run(instance, "-", DagsterRunStatus.STARTED, job="lake_freshness_job")
-    assert tick(defs, instance) == []  # no second run, and the cursor stays where it was
+    late = str(uuid.uuid4())
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [late])
+    assert tick(defs, instance) == []  # no second run while one is in flight
+    assert instance.run_storage.get_cursor_values({"freshness-test"})["freshness-test"] == cursor
     instance.report_run_canceled(running)
-    assert len(tick(defs, instance)) == 1
+    assert [e.partition for e in tick(defs, instance)] == [late]  # only the new one
 
 
 @pytest.mark.parametrize("value", ["5m", "0", "-30", "nan", "inf"])

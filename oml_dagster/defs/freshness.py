@@ -346,7 +346,10 @@ def build_freshness_sensor(freshness: FreshnessSettings, autostart: bool) -> Sen
         context: SensorEvaluationContext, postgres: PostgresResource
     ) -> SensorResult:
         if freshness_in_flight(context.instance):  # one at a time; the cursor stays as it is
-            return SensorResult(skip_reason="a lake_freshness_job run is still in flight")
+            # (said explicitly: a result without a cursor makes the daemon store none)
+            return SensorResult(
+                skip_reason="a lake_freshness_job run is still in flight", cursor=context.cursor
+            )
         due, cursor = due_tenants(context, postgres, freshness.bound_seconds)
         if not due:
             return SensorResult(skip_reason="no tenant changed freshness", cursor=cursor.dumps())
