@@ -220,6 +220,20 @@ DRAIN_SHARDS: Setting[int] = Setting(
     "a whole number >= 0",
     "Shard runs the outbox sensor keeps, each draining a shard of tenants (0: a run per tenant).",
 )
+FRESHNESS_BOUND_SECONDS: Setting[float] = Setting(
+    "OML_FRESHNESS_BOUND_SECONDS",
+    300.0,
+    _seconds(zero=False),
+    "seconds (a number > 0)",
+    "A tenant whose oldest undrained outbox row is older fails its fresh_within_bound check.",
+)
+FRESHNESS_INTERVAL_SECONDS: Setting[int] = Setting(
+    "OML_FRESHNESS_INTERVAL_SECONDS",
+    60,
+    _integer(1),
+    "whole seconds (an integer > 0)",
+    "How often lake_freshness_sensor judges every tenant's lag.",
+)
 SENSOR_INTERVAL_SECONDS: Setting[int] = Setting(
     "OML_SENSOR_INTERVAL_SECONDS",
     30,
@@ -283,6 +297,8 @@ SETTINGS: tuple[Setting[Any], ...] = (
     DRAIN_SHARDS,
     SHARD_RUN_SECONDS,
     SENSOR_INTERVAL_SECONDS,
+    FRESHNESS_BOUND_SECONDS,
+    FRESHNESS_INTERVAL_SECONDS,
     DAGSTER_AUTOSTART,
     SCHEDULE_TIMEZONE,
     RECONCILE_CRON,

@@ -202,6 +202,10 @@ def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):
     # A backfill or a UI run: drain, then check.
     result = job.execute_in_process(partition_key=work.tenant_id, instance=instance)
     evaluations = result.get_asset_check_evaluations()
+    # The reconciler's and, after the drain, the tenant's freshness (nothing left waiting).
+    [fresh] = [e for e in evaluations if e.check_name == "fresh_within_bound"]
+    assert fresh.passed and fresh.metadata["lag_seconds"].value == 0.0
+    evaluations = [e for e in evaluations if e is not fresh]
     assert len(evaluations) == len(LAKE_CHECK_KEYS) == 21
     # The seeded self-signed promotion is an open dead letter: the one finding.
     failed = [(e.check_name, e.metadata) for e in evaluations if not e.passed]

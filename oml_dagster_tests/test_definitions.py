@@ -78,6 +78,8 @@ EXPECTED_CHECKS = {
     *((table, "frontier_matches_delta_log") for table in LAKE_TABLES),
 }
 ANALYTICS_CHECKS = {(a, "second_reader_agrees") for a in ANALYTICS_ASSETS}
+# Reported per tenant by lake_freshness_sensor's runs, not by the reconcile schedule's.
+FRESHNESS_CHECKS = {("bronze/events", "fresh_within_bound")}
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,7 @@ def test_asset_graph_is_pinned(repo):
 def test_asset_checks_are_pinned_and_partitioned(repo):
     graph = repo.asset_graph
     found = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}
-    assert found == EXPECTED_CHECKS | ANALYTICS_CHECKS
+    assert found == EXPECTED_CHECKS | ANALYTICS_CHECKS | FRESHNESS_CHECKS
     for check_key in graph.asset_check_keys:
         partitions_def = graph.get(check_key).partitions_def
         assert partitions_def is not None and partitions_def.name == TENANT_PARTITIONS_NAME
@@ -129,6 +131,7 @@ def test_jobs_are_pinned(repo):
         "lake_writer_job",
         "lake_writer_shard_job",
         "lake_analytics_job",
+        "lake_freshness_job",
         *(j.name for j in maintenance.MAINTENANCE_JOBS),
     }
     assert names == expected
@@ -142,9 +145,14 @@ def test_jobs_are_pinned(repo):
     } == ANALYTICS_ASSETS
     assert job.partitions_def.name == TENANT_PARTITIONS_NAME
     # Every tenant-touching job is tenant-partitioned, so the per-tenant run limit holds for it;
-    # the shard job's runs name their shard instead (oml/shard, limited in dagster.yaml).
+    # the shard job's runs name their shard instead (oml/shard, limited in dagster.yaml). The
+    # freshness job only reads Postgres, for many tenants in one run: not partitioned.
+    assert repo.get_job("lake_freshness_job").partitions_def is None
     for j in repo.get_all_jobs():
-        if not j.name.startswith("__") and j.name != "lake_writer_shard_job":
+        if not j.name.startswith("__") and j.name not in (
+            "lake_writer_shard_job",
+            "lake_freshness_job",
+        ):
             assert j.partitions_def is not None, j.name
             assert j.partitions_def.name == TENANT_PARTITIONS_NAME, j.name
     assert repo.get_job("lake_writer_shard_job").executor_def.name == "in_process"
@@ -152,12 +160,15 @@ def test_jobs_are_pinned(repo):
 
 def test_sensors_and_schedules_are_pinned(repo):
     sensors = {s.name: s for s in repo.sensor_defs}
-    assert set(sensors) == {"outbox_sensor"}
+    assert set(sensors) == {"outbox_sensor", "lake_freshness_sensor"}
     sensor = sensors["outbox_sensor"]
     assert {t.job_name for t in sensor.targets} == {"lake_writer_job", "lake_writer_shard_job"}
     assert sensor.minimum_interval_seconds == 30
-    # Production defaults keep the promises: the sensor and every schedule start running.
-    assert sensor.default_status == DefaultSensorStatus.RUNNING
+    freshness = sensors["lake_freshness_sensor"]
+    assert freshness.job_name == "lake_freshness_job"
+    assert freshness.minimum_interval_seconds == 60
+    # Production defaults keep the promises: the sensors and every schedule start running.
+    assert {s.default_status for s in sensors.values()} == {DefaultSensorStatus.RUNNING}
     assert {s.default_status.value for s in repo.schedule_defs} == {"RUNNING"}
     schedules = {s.name for s in repo.schedule_defs}
     assert schedules == {

@@ -27,6 +27,8 @@ BAD = {
     "OML_RUN_DRAIN_SECONDS": "-1",
     "OML_DRAIN_SHARDS": "-2",
     "OML_SHARD_RUN_SECONDS": "-1",
+    "OML_FRESHNESS_BOUND_SECONDS": "0",
+    "OML_FRESHNESS_INTERVAL_SECONDS": "2.5",
     "OML_SENSOR_INTERVAL_SECONDS": "half a minute",
     "OML_DAGSTER_AUTOSTART": "sometimes",
     "OML_SCHEDULE_TIMEZONE": "Mars/Olympus_Mons",

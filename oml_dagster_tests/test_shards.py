@@ -208,7 +208,8 @@ def test_the_daemon_keeps_shard_runs_that_drain_every_tenant(conn, lake, tmp_pat
                 interval=1,
                 what="the later ops drained",
             )
-        runs = instance.get_runs(RunsFilter(job_name="lake_writer_shard_job"))
+            # Before the daemon stops: it interrupts the runs it launched that are in flight.
+            runs = instance.get_runs(RunsFilter(job_name="lake_writer_shard_job"))
         assert len(runs) > before >= 1
         assert not instance.get_runs(RunsFilter(job_name="lake_writer_job"))
         assert all(r.tags.get(SHARD_TAG, "").endswith("/4") for r in runs)
@@ -253,3 +254,29 @@ def test_a_long_shard_run_reports_each_tenant_as_it_goes(conn, lake, defs, insta
     assert read == total
     batches = sum(r.asset_materialization.metadata["batches"].value for r in mine)
     assert batches >= len(mine)
+
+
+def test_a_broken_tenant_does_not_stop_its_shard(conn, lake, defs, instance):
+    """A tenant whose lake cannot be written (a file where its prefix should be) fails alone:
+    the shard's other tenants are drained and reported, and the run fails naming it."""
+    from pathlib import Path
+
+    healthy, broken = tenants_of_shards(conn, lake, 1, {0: 2})[0]
+    Path(lake.root).mkdir(parents=True, exist_ok=True)
+    Path(lake.tenant_uri(broken.tenant_id)).write_text("not a directory")
+    tick(defs, instance, 1)
+
+    job = defs.resolve_job_def("lake_writer_shard_job")
+    result = job.execute_in_process(
+        run_config={"ops": {"drain_shard": {"config": {"shard": 0, "shards": 1}}}},
+        instance=instance,
+        resources=resources(1),
+        raise_on_error=False,
+    )
+
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert broken.tenant_id in failure.step_failure_data.error.message
+    assert healthy.tenant_id not in failure.step_failure_data.error.message
+    assert len(list(tenant_tables(lake, healthy.tenant_id))) == 5
+    assert instance.get_materialized_partitions(SILVER) == {healthy.tenant_id}

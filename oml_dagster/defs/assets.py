@@ -28,6 +28,7 @@ from deltalake.exceptions import DeltaError
 
 from oml_dagster.lake import deadletter
 from oml_dagster.lake.drain import DrainPass, drain
+from oml_dagster.lake.freshness import tenant_lag
 from oml_dagster.lake.policy import lag
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import (
@@ -127,8 +128,10 @@ def run_metadata(
     over time: rows added and updated by its commits, the table's version and txn version
     afterwards, the run's bounds (first batch's start, last batch's end), the number of batches
     that read ops (the loop's last, empty look for more is not one),
-    the ops they read and those new to the lake (applied or dead-lettered), and how far the
-    table still lags the sequenced outbox."""
+    the ops they read and those new to the lake (applied or dead-lettered), how far the
+    table's txn version lags the sequenced outbox, and how far the tenant still lags: the age
+    and count of its outbox rows not yet in every core table (`drain_lag_*`, the number the
+    freshness check judges; the same on every table)."""
     first, last = results[0], results[-1]
     tenant_id = first.tenant_id
     batch_start, batch_end = first.batch_start, last.batch_end
@@ -154,6 +157,13 @@ def run_metadata(
             " WHERE tenant_id = %s",
             (tenant_id,),
         )
+    }
+    # The tenant's lag after the run: a table's own lag above counts from its txn version, which
+    # an idle table (no op of its kind) keeps for up to txn_lag_limit ops, drained or not.
+    behind = tenant_lag(conn, tenant_id)
+    drain_lag = {
+        "drain_lag_seconds": float(behind.seconds) if behind else 0.0,
+        "drain_lag_ops": (behind.ops_waiting + behind.ops_unsequenced) if behind else 0,
     }
     found: dict[AssetKey, dict] = {}
     for key, spec in TABLE_OF.items():
@@ -187,6 +197,7 @@ def run_metadata(
             meta["txn_version"] = txn
             meta["lag_ops"], lag_seconds = lag(conn, tenant_id, txn)
             meta["lag_seconds"] = float(lag_seconds)
+        meta.update(drain_lag)
         if spec is GOLD_CURATED:
             meta["curated_tables"] = len(tables)
             meta["table_versions"] = MetadataValue.json(

@@ -68,6 +68,16 @@ def shards_in_flight(instance: DagsterInstance) -> set[str]:
     return {run.tags[SHARD_TAG] for run in runs if SHARD_TAG in run.tags}
 
 
+def writers_in_flight(instance: DagsterInstance, tenants: set[str]) -> set[str]:
+    """Those of `tenants` a queued or running lake-writer run writes: its own tenant run, or the
+    shard run of its shard."""
+    busy = tenants_in_flight(instance) & tenants
+    for tag in shards_in_flight(instance):
+        shard, shards = (int(part) for part in tag.split("/"))
+        busy |= {t for t in tenants if shard_of(t, shards) == shard}
+    return busy
+
+
 def shard_requests(
     instance: DagsterInstance,
     pending: list[tuple[str, int, int]],

@@ -19,6 +19,7 @@ from dagster import (
     Config,
     DagsterInstance,
     DagsterRunStatus,
+    Failure,
     OpExecutionContext,
     RunsFilter,
     in_process_executor,
@@ -85,6 +86,14 @@ def drain_shard(
     store = lake.get_lake()
     cap = writer.shard_run_seconds()
     tag = shard_tag(config.shard, config.shards)
+    errors: dict[str, str] = {}
+
+    def failed(tenant_id: str, error: Exception) -> None:
+        # One broken tenant must not stop its shard: it is left for the rest of the run, the
+        # others go on, and the run fails at its end naming it (its freshness check flags it).
+        errors[tenant_id] = f"{type(error).__name__}: {error}"
+        context.log.error(f"tenant {tenant_id}: {errors[tenant_id]}")
+
     with postgres.connect() as conn:
         report = _Report(context, conn, store)
         passes = drain(
@@ -96,6 +105,7 @@ def drain_shard(
             owns=lambda t: shard_of(t, config.shards) == config.shard,
             skip=lambda: tenants_held(context.instance),
             on_pass=report.on_pass,
+            on_error=failed,
         )
         report.flush()
     context.log.info(
@@ -104,6 +114,14 @@ def drain_shard(
         f"{sum(p.sequenced_here for p in passes)} ops sequenced for the shard, "
         f"{report.flushes} reports"
     )
+    if errors:
+        raise Failure(
+            description=(
+                f"shard {tag}: {len(errors)} tenant(s) failed and were left alone; the others "
+                f"were drained: " + "; ".join(f"{t}: {e}" for t, e in sorted(errors.items()))
+            ),
+            metadata={"failed_tenants": sorted(errors)},
+        )
 
 
 class _Report:

@@ -52,6 +52,7 @@ def drain(
     max_seconds: float | None = None,
     owns: Callable[[str], bool] | None = None,
     skip: Callable[[], set[str]] | None = None,
+    on_error: Callable[[str, Exception], None] | None = None,
 ) -> list[DrainPass]:
     """Run passes until one neither sequences nor applies anything (or just one pass), or until
     a pass ends `max_seconds` after the start (the pass under way always finishes: its batches
@@ -60,7 +61,10 @@ def drain(
     Named tenants are always visited (their Delta logs decide what is left); otherwise the
     tenants the frontier cache shows behind the sequencer are, those `owns` accepts when given
     (a shard of tenants: only their rows count as progress). `skip()`, asked once per pass,
-    names tenants to leave alone in that pass (another run writes them)."""
+    names tenants to leave alone in that pass (another run writes them). With `on_error`, a
+    tenant whose batch raises is handed to it with the error and left alone for the rest of
+    the drain, so one broken tenant does not stop the others (a shard run); without, the error
+    propagates."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
     started = time.monotonic()
@@ -72,6 +76,7 @@ def drain(
     # that read before the connection fetches for another tenant.
     fetcher: Fetcher | None = None
     following: dict[str, Future[Batch] | None] = {}
+    failed: set[str] = set()
     try:
         for _ in range(max_passes):
             current = DrainPass(sequencer.sequence(conn), scope=scope)
@@ -81,17 +86,25 @@ def drain(
             if skip is not None and targets:
                 busy = skip()
                 targets = [t for t in targets if t not in busy]
+            targets = [t for t in targets if t not in failed]
             for tenant_id in targets:
                 fetcher = fetcher or Fetcher(conn)
                 futures.wait([f for f in following.values() if f is not None])
-                result = drain_tenant(
-                    conn,
-                    lake,
-                    tenant_id,
-                    config or WriterConfig(),
-                    fetcher=fetcher,
-                    prefetched=following.pop(tenant_id, None),
-                )
+                try:
+                    result = drain_tenant(
+                        conn,
+                        lake,
+                        tenant_id,
+                        config or WriterConfig(),
+                        fetcher=fetcher,
+                        prefetched=following.pop(tenant_id, None),
+                    )
+                except Exception as error:
+                    if on_error is None:
+                        raise
+                    failed.add(tenant_id)
+                    on_error(tenant_id, error)
+                    continue
                 following[tenant_id] = result.next_batch if until_idle else None
                 current.batches.append(result)
             passes.append(current)
