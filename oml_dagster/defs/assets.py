@@ -24,7 +24,6 @@ from dagster import (
     TableSchema,
     multi_asset,
 )
-from deltalake.exceptions import DeltaError
 
 from oml_dagster.lake import deadletter
 from oml_dagster.lake.drain import DrainPass, drain
@@ -171,8 +170,9 @@ def run_metadata(
         tables = {n: state for n, state in frontier.items() if _table_of(n) == spec.name}
         meta: dict = {
             "rows_written": sum(t.rows for t in outcomes),
-            "rows_added": 0,
-            "rows_updated": 0,
+            # From each commit's own result (the MERGE's metrics), not a second log read.
+            "rows_added": sum(t.rows_added for t in outcomes),
+            "rows_updated": sum(t.rows_updated for t in outcomes),
             "batch_start": batch_start,
             "batch_end": batch_end,
             "batches": sum(1 for r in results if r.ops),
@@ -183,15 +183,6 @@ def run_metadata(
             "commit_attempts": sum(t.attempts for t in outcomes),
             "action": _action(outcomes),
         }
-        for t in outcomes:
-            if t.action == "committed" and t.version is not None:
-                counts = _commit_counts(lake, tenant_id, spec, t)
-                if counts is None:  # unknown: say nothing rather than a guess
-                    meta.pop("rows_added", None)
-                    meta.pop("rows_updated", None)
-                elif "rows_added" in meta:
-                    meta["rows_added"] += counts[0]
-                    meta["rows_updated"] += counts[1]
         if tables:
             txn = min(t for t, _ in tables.values())
             meta["txn_version"] = txn
@@ -220,26 +211,6 @@ def _action(outcomes: list[TableOutcome]) -> str:
         return "nothing pending"
     actions = sorted({t.action for t in outcomes})
     return "+".join(actions)
-
-
-def _commit_counts(
-    lake: Lake, tenant_id: str, spec: TableSpec, outcome: TableOutcome
-) -> tuple[int, int] | None:
-    """(rows inserted, rows updated) by the outcome's commit, from its Delta operation metrics;
-    None when the commit can no longer be read (the run's commits stand either way)."""
-    workarea_id = outcome.table.partition("/")[2] or None
-    try:
-        table = lake.open(lake.table_uri(tenant_id, spec, workarea_id), outcome.version)
-        history = table.history(limit=1) if table is not None else []
-    except DeltaError:
-        return None
-    metrics = (history[0].get("operationMetrics") or {}) if history else {}
-    if "num_target_rows_inserted" in metrics:  # a MERGE
-        inserted = int(metrics["num_target_rows_inserted"])
-        return inserted, int(metrics.get("num_target_rows_updated", 0))
-    if "num_added_rows" in metrics:
-        return int(metrics["num_added_rows"]), 0
-    return None
 
 
 def _summary(passes: list[DrainPass], results: list[BatchResult], metadata: dict) -> str:
