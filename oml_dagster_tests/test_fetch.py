@@ -194,7 +194,7 @@ def test_batches_are_cut_by_ops_and_bytes_and_say_whether_more_follows(conn):
     says whether the scan read an op past the cut (byte cap) or the batch is full (op cap)."""
     keys = producer.create_tenant(conn)
     for i in range(5):
-        producer.commit_act(conn, keys, producer.Event("x.y", {"i": i}), [])
+        producer.commit_acts(conn, keys, [producer.Act(producer.Event("x.y", {"i": i}), [])])
     sequencer.sequence(conn)
     size = conn.execute(
         "SELECT max(pg_column_size(payload)) FROM oml.outbox WHERE tenant_id = %s",
