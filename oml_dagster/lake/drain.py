@@ -23,17 +23,16 @@ from .writer import BatchResult, WriterConfig, drain_tenant
 class DrainPass:
     sequenced: SequencerReport
     batches: list[BatchResult] = field(default_factory=list)
-    # The tenants the drain was asked for, as a set or a membership test (None: every pending
-    # tenant). Rows the cut sequenced for other tenants are not progress here: a run of one
-    # tenant (or one shard) must not keep going, idle, because others are busy.
-    scope: frozenset[str] | Callable[[str], bool] | None = None
+    # Whether a tenant is one the drain was asked for (None: every pending tenant). Rows the
+    # cut sequenced for other tenants are not progress here: a run of one tenant (or one shard)
+    # must not keep going, idle, because others are busy.
+    scope: Callable[[str], bool] | None = None
 
     @property
     def sequenced_here(self) -> int:
         if self.scope is None:
             return self.sequenced.sequenced
-        holds = self.scope.__contains__ if isinstance(self.scope, frozenset) else self.scope
-        return sum(c.sequenced for t, c in self.sequenced.tenants.items() if holds(t))
+        return sum(c.sequenced for t, c in self.sequenced.tenants.items() if self.scope(t))
 
     @property
     def progressed(self) -> bool:
@@ -68,7 +67,7 @@ def drain(
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
     started = time.monotonic()
-    scope: frozenset[str] | Callable[[str], bool] | None = frozenset(tenants) if tenants else owns
+    scope = frozenset(tenants).__contains__ if tenants else owns
     passes: list[DrainPass] = []
     # One fetcher (one ADBC connection) for every tenant: a connection per tenant would hold
     # one Postgres connection per tenant of a shard for the whole run. Each tenant's next batch

@@ -219,12 +219,16 @@ def query(table: DeltaTable, columns: str = "*", where: str | None = None) -> pa
     return pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
 
 
+def sql_text(value) -> str:
+    """`value` as an SQL string literal (single quotes doubled)."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 def sql_in(column: str, values) -> str:
     """`column IN (...)` over string values, or FALSE for none."""
     if not values:
         return "FALSE"
-    quoted = ", ".join("'" + str(v).replace("'", "''") + "'" for v in sorted(values))
-    return f"{column} IN ({quoted})"
+    return f"{column} IN ({', '.join(sql_text(v) for v in sorted(values))})"
 
 
 def conform(data: pa.Table, spec: TableSpec) -> pa.Table:

@@ -46,7 +46,7 @@ from .errors import (
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
 from .state import AppendWork, KeyedWork, TenantState
-from .storage import Lake, query, read_rows, sql_in
+from .storage import Lake, query, read_rows, sql_in, sql_text
 from .tables import (
     APP_ID,
     BRONZE_EVENTS,
@@ -358,7 +358,7 @@ def _target_filter(work: KeyedWork, rows: list[dict]) -> str | None:
         parts = []
         for column, value in zip(columns, box, strict=True):
             if isinstance(value, str):
-                parts.append(f"t.{column} = '" + value.replace("'", "''") + "'")
+                parts.append(f"t.{column} = {sql_text(value)}")
             elif isinstance(value, int) and not isinstance(value, bool):
                 parts.append(f"t.{column} = {value}")
             else:
