@@ -22,19 +22,20 @@ from oml_dagster.lake.erasure import erased_artifacts, erasure_evidence
 from oml_dagster.lake.storage import Lake, conform, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, GOLD_CURATED, SILVER_CLAIMS, TableSpec
 from oml_dagster.simulate import acts, producer
-from oml_dagster_tests.helpers import claim, drain_all, make_tree, split_checkpoint
+from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree, split_checkpoint
 
 BOUND = dt.timedelta(seconds=2)
 
 
 def files_holding(lake: Lake, tenant_id: str, needle: bytes) -> list[str]:
-    """Every file under the tenant's prefix whose raw bytes contain `needle`."""
+    """Every file under the tenant's prefix that holds `needle` (raw, or in a decoded Parquet
+    value)."""
     root = lake.tenant_uri(tenant_id)
     hits = []
     for directory, _, names in os.walk(root):
         for name in names:
             path = os.path.join(directory, name)
-            if needle in Path(path).read_bytes():
+            if holds(Path(path).read_bytes(), needle):
                 hits.append(os.path.relpath(path, root))
     return sorted(hits)
 

@@ -18,7 +18,7 @@ from oml_dagster.lake.erasure import erasure_evidence
 from oml_dagster.lake.storage import Lake, conform, read_rows
 from oml_dagster.lake.tables import SILVER_CLAIMS
 from oml_dagster.simulate import acts, producer
-from oml_dagster_tests.helpers import claim, drain_all, make_tree
+from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree
 
 pytestmark = pytest.mark.s3
 
@@ -29,7 +29,8 @@ CADENCE = dt.timedelta(seconds=1)
 
 
 def objects_holding(lake: Lake, tenant_id: str, needle: bytes) -> list[str]:
-    """Every object under the tenant's prefix whose bytes contain `needle`, read with a client
+    """Every object under the tenant's prefix that holds `needle` (raw, or in a decoded Parquet
+    value), read with a client
     of its own (not delta-rs), relative to the prefix."""
     options = lake.storage_options
     s3 = boto3.client(
@@ -43,7 +44,7 @@ def objects_holding(lake: Lake, tenant_id: str, needle: bytes) -> list[str]:
     hits = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/"):
         for obj in page.get("Contents", []):
-            if needle in s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read():
+            if holds(s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read(), needle):
                 hits.append(obj["Key"].removeprefix(f"{root}/"))
     return sorted(hits)
 
