@@ -2,8 +2,8 @@
 with the tables' checkpoint policy (`delta.checkpointInterval` 100, so delta-rs writes a
 checkpoint at every hundredth version), is brought to version ~100 and then to ~10,000 by cheap
 appends (by default zero-row ones: the writer's txn-only commit, which adds no file). At each point, `--samples` commits go through the writer's own commit path
-(`writer._handle` opens the table as each batch does, `writer._commit_table` commits one
-batch's rows with the app transaction and reloads the table), at the same offsets past a
+(`writer._handle` opens the table as a drain's first batch does, `writer._commit_table`
+commits one batch's rows with the app transaction), at the same offsets past a
 checkpoint, so the two points differ only in the history behind them.
 
     .venv/bin/python bench/history_bench.py --versions 10000
@@ -29,7 +29,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from oml_dagster.lake import writer
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
-from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.storage import Lake, OpenTables
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, CHECKPOINT_INTERVAL
 from oml_dagster.lake.writer import WriterConfig
 
@@ -67,9 +67,9 @@ def event_rows(seq: int, n: int = 1) -> pa.Table:
 
 
 def measured_commit(lake: Lake, seq: int, config: WriterConfig, configuration: dict) -> dict:
-    """One batch's bronze commit as the writer does it: open, fenced commit, reload."""
+    """One batch's bronze commit as the writer does it: open, fenced commit."""
     started = time.perf_counter()
-    handle = writer._handle(lake, TENANT, BRONZE_EVENTS)
+    handle = writer._handle(OpenTables(lake), TENANT, BRONZE_EVENTS)
     opened = time.perf_counter()
     outcome = writer._commit_table(
         lake,

@@ -9,6 +9,7 @@ import pytest
 
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.errors import LostCuratedTable
+from oml_dagster.lake.storage import tenant_tables
 from oml_dagster.lake.tables import CORE_TABLES, GOLD_CURATED
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster_tests.conftest import table_rows
@@ -54,3 +55,26 @@ def test_a_lost_curated_table_alone_asks_for_the_prefix_to_be_rebuilt(conn, lake
     shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
     drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
     assert lake_snapshot(lake, tenant.tenant_id) == before
+
+
+def test_a_prefix_removed_between_passes_of_one_drain_is_rebuilt_not_continued(conn, lake, tenant):
+    """A drain keeps its tables open from pass to pass; a prefix removed under it (an operator
+    rebuilding the tenant) must be noticed, not written on from the old state, which would
+    commit past versions the new log does not have."""
+    mixed_workload(conn, tenant)
+    removed = []
+
+    def remove_once(drained) -> None:
+        if not removed and drained.batches:
+            shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
+            removed.append(drained.batches[-1].batch_end)
+
+    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL, on_pass=remove_once)
+    assert removed
+    rebuilt = lake_snapshot(lake, tenant.tenant_id)
+    for _, spec, uri in tenant_tables(lake, tenant.tenant_id):
+        versions = [c["version"] for c in lake.open(uri).history()]
+        assert sorted(versions) == list(range(len(versions))), (spec.name, versions)
+    shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
+    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
+    assert lake_snapshot(lake, tenant.tenant_id) == rebuilt

@@ -15,7 +15,7 @@ import psycopg
 from . import sequencer
 from .fetch import Batch, Fetcher
 from .sequencer import SequencerReport
-from .storage import Lake
+from .storage import Lake, OpenTables
 from .writer import BatchResult, WriterConfig, drain_tenant
 
 
@@ -76,6 +76,8 @@ def drain(
     fetcher: Fetcher | None = None
     following: dict[str, Future[Batch] | None] = {}
     failed: set[str] = set()
+    # The tenants' tables stay open from one pass to the next (brought up to date per batch).
+    tables = OpenTables(lake)
     try:
         for _ in range(max_passes):
             current = DrainPass(sequencer.sequence(conn), scope=scope)
@@ -97,6 +99,7 @@ def drain(
                         config or WriterConfig(),
                         fetcher=fetcher,
                         prefetched=following.pop(tenant_id, None),
+                        tables=tables,
                     )
                 except Exception as error:
                     if on_error is None:

@@ -21,6 +21,7 @@ from deltalake.fs import DeltaStorageHandler
 
 from oml_dagster.settings import LAKE_URI, lake_storage_options
 
+from .deltalog import LOG_DIR
 from .errors import UnsupportedObjectStore
 from .tables import GOLD_CURATED, TableSpec
 
@@ -115,6 +116,67 @@ class Lake:
             if version is not None:
                 raise
             return None
+
+
+class OpenTables:
+    """Delta tables kept open across one drain's batches: a table already open is brought to its
+    latest version with `update_incremental` (one read of the log's next entry) instead of being
+    opened again (a listing of the log and a replay from the last checkpoint), and gold.areas'
+    rows are read again only when its version changed.
+
+    A table deleted under a drain (its prefix removed for a rebuild) would keep its old state
+    through `update_incremental`, so each reuse checks that the log still holds the entry of
+    the version the handle stands at; when it does not, the table is opened afresh. A table
+    deleted and then rebuilt past that version meanwhile would pass the check: that takes
+    another writer of the same tenant during the drain, which the lease rules out."""
+
+    def __init__(self, lake: Lake):
+        self.lake = lake
+        self._tables: dict[str, DeltaTable] = {}
+        self._rows: dict[str, tuple[int, pa.Table]] = {}
+
+    def open(self, uri: str) -> DeltaTable | None:
+        """The table at `uri` at its latest version, or None when there is none."""
+        table = self._tables.get(uri)
+        if table is not None:
+            table.update_incremental()
+            if self._holds(uri, f"{LOG_DIR}/{table.version():020d}.json"):
+                return table
+            self.forget(uri)
+        table = self.lake.open(uri)
+        if table is not None:
+            self._tables[uri] = table
+        return table
+
+    def _holds(self, uri: str, entry: str) -> bool:
+        try:
+            info = self.lake.filesystem(uri).get_file_info(entry)
+        except TableNotFoundError:  # a local table's directory is gone
+            return False
+        return info.type != pafs.FileType.NotFound
+
+    def keep(self, uri: str, table: DeltaTable | None) -> None:
+        """Use `table` (reopened after a conflict, or just created) for `uri` from now on."""
+        if table is None:
+            self.forget(uri)
+        else:
+            self._tables[uri] = table
+
+    def rows(self, uri: str, table: DeltaTable, spec: TableSpec) -> list[dict]:
+        """`read_rows(table, spec)`, read again only when the table's version changed (fresh
+        dicts each call: callers may change them)."""
+        version = table.version()
+        cached = self._rows.get(uri)
+        if cached is None or cached[0] != version:
+            cached = (version, conform(query(table), spec))
+            self._rows[uri] = cached
+        return cached[1].to_pylist()
+
+    def forget(self, prefix: str) -> None:
+        """Drop every table at or under `prefix` (a tenant whose batch failed: reopen all)."""
+        for cache in (self._tables, self._rows):
+            for uri in [u for u in cache if u == prefix or u.startswith(prefix + "/")]:
+                del cache[uri]
 
 
 def _option(lake: Lake, names: tuple[str, ...], env: str) -> str | None:

@@ -46,7 +46,7 @@ from .errors import (
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
 from .state import AppendWork, KeyedWork, TenantState
-from .storage import Lake, query, read_rows, sql_in, sql_text
+from .storage import Lake, OpenTables, query, read_rows, sql_in, sql_text
 from .tables import (
     APP_ID,
     BRONZE_EVENTS,
@@ -137,9 +137,11 @@ def _txn(table: DeltaTable | None) -> int:
     return (table.transaction_version(APP_ID) or 0) if table is not None else 0
 
 
-def _handle(lake: Lake, tenant_id: str, spec: TableSpec, workarea_id: str | None = None) -> _Handle:
-    uri = lake.table_uri(tenant_id, spec, workarea_id)
-    table = lake.open(uri)
+def _handle(
+    tables: OpenTables, tenant_id: str, spec: TableSpec, workarea_id: str | None = None
+) -> _Handle:
+    uri = tables.lake.table_uri(tenant_id, spec, workarea_id)
+    table = tables.open(uri)
     name = f"{spec.name}/{workarea_id}" if workarea_id else spec.name
     return _Handle(spec, name, uri, table, _txn(table))
 
@@ -431,7 +433,10 @@ def _commit_table(
             last_conflict = error
             handle.table = reloaded
             continue
-        handle.table = lake.open(handle.uri)
+        if handle.table is None:
+            handle.table = lake.open(handle.uri)
+        # Otherwise the DeltaTable object already stands at the version it committed (delta-rs
+        # updates a table's state in place after its own write or MERGE).
         outcome.action = "committed" if rows.num_rows else "txn-only"
         outcome.rows = rows.num_rows
         outcome.rows_added, outcome.rows_updated = added, updated
@@ -456,21 +461,33 @@ def drain_tenant(
     before_commit: Callable[[str], None] | None = None,
     fetcher: Fetcher | None = None,
     prefetched: Future[Batch] | None = None,
+    tables: OpenTables | None = None,
 ) -> BatchResult:
     """Fold and commit the tenant's next batch. `fetcher` reads batches (one is opened and
     closed here when none is given; a fetcher given also fetches the following batch while this
     one commits, returned as `next_batch`); `prefetched` is such a batch, used when it starts
-    where this batch starts. `before_commit(table_name)` is a test hook."""
+    where this batch starts. `tables` keeps the tenant's tables open for its next batch (a
+    drain's batches share one); a batch that fails drops them. `before_commit(table_name)` is
+    a test hook."""
     config = config or WriterConfig()
-    if fetcher is None:
-        with Fetcher(conn) as own:
-            return _drain_batch(conn, lake, tenant_id, config, before_commit, own, None, False)
-    return _drain_batch(conn, lake, tenant_id, config, before_commit, fetcher, prefetched, True)
+    tables = tables or OpenTables(lake)
+    try:
+        if fetcher is None:
+            with Fetcher(conn) as own:
+                return _drain_batch(
+                    conn, tables, tenant_id, config, before_commit, own, None, False
+                )
+        return _drain_batch(
+            conn, tables, tenant_id, config, before_commit, fetcher, prefetched, True
+        )
+    except BaseException:
+        tables.forget(lake.tenant_uri(tenant_id))
+        raise
 
 
 def _drain_batch(
     conn: psycopg.Connection,
-    lake: Lake,
+    tables: OpenTables,
     tenant_id: str,
     config: WriterConfig,
     before_commit: Callable[[str], None] | None,
@@ -478,7 +495,8 @@ def _drain_batch(
     prefetched: Future[Batch] | None,
     pipelined: bool,
 ) -> BatchResult:
-    handles, area_rows = _open_tables(lake, tenant_id)
+    lake = tables.lake
+    handles, area_rows = _open_tables(tables, tenant_id)
     txns = [h.txn for h in handles.values()]
     base, leading = min(txns), max(txns)
     decided = decided_through(conn, tenant_id)
@@ -569,11 +587,13 @@ def _drain_batch(
     commit(handles[GOLD_LINEAGE.name], state.lineage)
     for workarea_id in sorted(state.curated):
         name = f"{GOLD_CURATED.name}/{workarea_id}"
-        handle = handles.get(name) or _handle(lake, tenant_id, GOLD_CURATED, workarea_id)
+        handle = handles.get(name) or _handle(tables, tenant_id, GOLD_CURATED, workarea_id)
         handles[name] = handle
         commit(handle, state.curated[workarea_id])
     commit(handles[SILVER_CLAIMS.name], state.silver)
     commit(handles[GOLD_AREAS.name], state.areas)
+    for handle in handles.values():  # created, or reopened after a conflict
+        tables.keep(handle.uri, handle.table)
     _update_frontier(conn, tenant_id, handles, batch_end)
     return result
 
@@ -624,19 +644,20 @@ def _held_events(bronze: DeltaTable | None, journal_seqs: list[int]) -> dict[int
     return {r["journal_seq"]: (r["event_id"], r["hash"]) for r in held}
 
 
-def _open_tables(lake: Lake, tenant_id: str) -> tuple[dict[str, _Handle], list[dict]]:
+def _open_tables(tables: OpenTables, tenant_id: str) -> tuple[dict[str, _Handle], list[dict]]:
     """Handles on the tenant's core tables and on one curated table per validated area (read
     from gold.areas, whose rows are returned too)."""
-    handles = {spec.name: _handle(lake, tenant_id, spec) for spec in CORE_TABLES}
-    areas_table = handles[GOLD_AREAS.name].table
-    area_rows = read_rows(areas_table, GOLD_AREAS) if areas_table is not None else []
+    handles = {spec.name: _handle(tables, tenant_id, spec) for spec in CORE_TABLES}
+    areas = handles[GOLD_AREAS.name]
+    area_rows = tables.rows(areas.uri, areas.table, GOLD_AREAS) if areas.table is not None else []
     for area in area_rows:
         if area["status"] == "validated":
-            h = _handle(lake, tenant_id, GOLD_CURATED, area["workarea_id"])
+            h = _handle(tables, tenant_id, GOLD_CURATED, area["workarea_id"])
             if h.table is None:
                 raise LostCuratedTable(
                     f"tenant {tenant_id}: {h.name} is missing although gold.areas marks the area "
-                    f"validated; delete {lake.tenant_uri(tenant_id)} and drain the tenant again"
+                    f"validated; delete {tables.lake.tenant_uri(tenant_id)} and drain the tenant "
+                    "again"
                 )
             handles[h.name] = h
     return handles, area_rows

@@ -1,0 +1,71 @@
+"""Where a shard pass's time goes: many tenants, each with a small batch, on tables that exist.
+
+Writes `--tenants` tenants' workloads (`--claims` each), drains them in batches of `--batch` ops
+until `--warm` passes have run (so every table exists and has history), then profiles the next
+`--passes` passes with cProfile and prints the mean wall time per tenant batch and the top
+functions by cumulative time. This is the shape of a shard run at issue 11's target 2: ~25
+tenants a shard, a few dozen ops each per visit.
+
+    .venv/bin/python bench/pass_profile.py --tenants 25 --claims 60 --batch 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _support import fresh_database, machine  # noqa: E402
+
+from oml_dagster.lake.drain import drain  # noqa: E402
+from oml_dagster.lake.storage import Lake  # noqa: E402
+from oml_dagster.lake.writer import WriterConfig  # noqa: E402
+from oml_dagster.simulate.runner import RunConfig, run  # noqa: E402
+from oml_dagster.simulate.workload import WorkloadConfig  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tenants", type=int, default=25)
+    parser.add_argument("--claims", type=int, default=60)
+    parser.add_argument("--batch", type=int, default=40)
+    parser.add_argument("--warm", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--top", type=int, default=45)
+    args = parser.parse_args()
+    print(machine())
+    with fresh_database("oml_pass") as dsn, tempfile.TemporaryDirectory() as root:
+        run(dsn, WorkloadConfig(tenants=args.tenants, claims=args.claims), RunConfig())
+        lake = Lake(root)
+        # A small batch as a shard visit finds it, with the highest txn lag limit it allows.
+        config = WriterConfig(max_batch=args.batch, txn_lag_limit=args.batch - 1)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for _ in range(args.warm):
+                drain(conn, lake, config=config)
+            profiler = cProfile.Profile()
+            batches, started = 0, time.perf_counter()
+            profiler.enable()
+            # One drain of several passes, as a shard run drains (tables kept open, the next
+            # batch fetched while one commits).
+            for one in drain(conn, lake, config=config, until_idle=True, max_passes=args.passes):
+                batches += len(one.batches)
+            profiler.disable()
+            elapsed = time.perf_counter() - started
+    print(
+        f"{batches} tenant batches in {elapsed:.2f} s: {1000 * elapsed / max(batches, 1):.0f} ms each"
+    )
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.top)
+    print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
