@@ -23,12 +23,18 @@ from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import (
     AssetCheckExecutionRecordStatus,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 from oml_dagster.defs import freshness
 from oml_dagster.defs.freshness import (
     FRESHNESS_CHECK,
+    LEVELS,
+    NO_POINT,
+    PLOT_COLUMNS,
     FreshnessSettings,
     build_freshness_sensor,
+    sparkline,
 )
 from oml_dagster.defs.jobs import LAKE_ASSET_KEYS
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
@@ -380,3 +386,53 @@ def test_the_daemon_flags_a_stuck_tenant_and_passes_a_drained_one(
         assert "past the bound of 120 s" in evaluation.description
         assert statuses["SUCCEEDED"] >= {flowing.tenant_id}
         instance.dispose()
+
+
+def test_a_tenant_s_check_carries_its_lag_plot_over_time(conn, lake, defs, instance):
+    """The partition's evaluation plots the tenant's own lag: its lake-writer reports and earlier
+    checks, then now. A tenant stuck since its last drain shows low columns, a gap, and the
+    highest column last."""
+    tenant = seed_tenant(conn)
+    sequencer.sequence(conn)
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [tenant.tenant_id])
+    drain_run(defs, instance, tenant.tenant_id)  # reports lag 0, and checks it in the run
+    assert [e.passed for e in tick(defs, instance)] == [True]  # judged once, at lag 0
+    seed_tenant(conn, tenant.keys)  # more of its ops, never drained
+    age(conn, tenant.tenant_id, 3600)
+    [evaluation] = tick(defs, instance)
+    assert not evaluation.passed
+    plot = evaluation.metadata["lag_over_time"].value
+    _, line, legend = plot.split("`")
+    assert len(line) == PLOT_COLUMNS
+    assert line[0] == LEVELS[0] and line[-1] == LEVELS[-1]
+    assert NO_POINT in line  # nothing was measured between the checks
+    # The drain run's report and its in-run check, the first tick's check, and now.
+    assert legend.split(" points")[0].strip() == "4"
+    assert f"greatest lag {evaluation.metadata['lag_seconds'].value:.0f} s" in legend
+
+
+POINTS = st.lists(
+    st.tuples(
+        st.floats(min_value=0, max_value=1e6, allow_nan=False),
+        st.floats(min_value=0, max_value=1e5, allow_nan=False),
+    ),
+    min_size=1,
+    max_size=200,
+)
+
+
+@given(POINTS)
+def test_the_lag_plot_is_one_column_per_slice_of_time_with_the_peak_on_top(points):
+    line = sparkline(points)
+    times = [at for at, _ in points]
+    assert len(line) == (PLOT_COLUMNS if max(times) > min(times) else 1)
+    assert set(line) <= set(LEVELS) | {NO_POINT}
+    # The first and last slices hold the first and last points; the greatest lag is drawn full
+    # height (when there is any lag), and nothing is drawn higher than its slice's greatest lag.
+    assert line[0] != NO_POINT and line[-1] != NO_POINT
+    top = max(lag for _, lag in points)
+    if top > 0:
+        assert LEVELS[-1] in line
+    else:
+        assert set(line) <= {LEVELS[0], NO_POINT}
+    assert sum(c != NO_POINT for c in line) <= len(points)

@@ -19,9 +19,11 @@ The check also runs in lake-writer runs from the UI or a backfill (after the dra
 same way; the outbox sensor's runs leave it out, the freshness sensor covers them.
 """
 
+import datetime as dt
 import json
+import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dagster import (
@@ -53,6 +55,7 @@ from dagster import (
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
+from dagster._core.event_api import PartitionKeyFilter
 
 from oml_dagster.lake.freshness import TenantLag, tenant_lags
 from oml_dagster.settings import FRESHNESS_BOUND_SECONDS, FRESHNESS_INTERVAL_SECONDS
@@ -130,6 +133,82 @@ def judge(
     return passed, description, metadata
 
 
+# The lag plot: at most this many past points of each source, drawn in PLOT_COLUMNS columns.
+HISTORY_POINTS = 60
+PLOT_COLUMNS = 40
+LEVELS = "▁▂▃▄▅▆▇█"
+NO_POINT = "·"
+
+
+def sparkline(points: Sequence[tuple[float, float]], columns: int = PLOT_COLUMNS) -> str:
+    """`points` (unix time, lag seconds) as a one-line plot over time: the span from the first
+    point to the last cut into `columns` equal slices, each drawn by the greatest lag in it, from
+    ▁ (none) to █ (the greatest of all); a slice without a point is ·, so a stretch nobody
+    measured shows as a gap rather than as a flat line."""
+    if not points:
+        return ""
+    ordered = sorted(points)
+    first, last = ordered[0][0], ordered[-1][0]
+    span = last - first
+    width = 1 if span <= 0 else columns
+    slices: list[float | None] = [None] * width
+    for at, lag in ordered:
+        i = 0 if span <= 0 else min(width - 1, int((at - first) / span * width))
+        slices[i] = max(lag, slices[i] if slices[i] is not None else lag)
+    top = max(v for v in slices if v is not None)
+    chars = []
+    for value in slices:
+        if value is None:
+            chars.append(NO_POINT)
+        else:
+            level = 0 if top <= 0 else round(value / top * (len(LEVELS) - 1))
+            chars.append(LEVELS[max(0, min(len(LEVELS) - 1, level))])
+    return "".join(chars)
+
+
+def lag_history(
+    instance: DagsterInstance, tenant_id: str, lag_now: float, now: float | None = None
+) -> list[tuple[float, float]]:
+    """The tenant's lag over time as Dagster recorded it: `drain_lag_seconds` of its latest
+    bronze materializations (each lake-writer report), `lag_seconds` of its latest freshness
+    evaluations, and `lag_now` at `now`; (unix time, seconds), oldest first."""
+    points = [(now if now is not None else time.time(), float(lag_now))]
+    materialized = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=BRONZE, asset_partitions=[tenant_id]), limit=HISTORY_POINTS
+    ).records
+    for record in materialized:
+        value = record.asset_materialization.metadata.get("drain_lag_seconds")
+        if value is not None:
+            points.append((record.timestamp, float(value.value)))
+    judged = instance.event_log_storage.get_asset_check_execution_history(
+        FRESHNESS_CHECK, limit=HISTORY_POINTS, partition_filter=PartitionKeyFilter(key=tenant_id)
+    )
+    for record in judged:
+        data = record.event.dagster_event.event_specific_data if record.event else None
+        # An execution still under way (this run's own) has only its planned event.
+        value = data.metadata.get("lag_seconds") if isinstance(data, AssetCheckEvaluation) else None
+        if value is not None:
+            points.append((record.event.timestamp, float(value.value)))
+    return sorted(points)
+
+
+def lag_plot(points: Sequence[tuple[float, float]]) -> MetadataValue:
+    """The tenant's lag plot as Markdown: the sparkline, its span and its greatest lag."""
+    first, last = points[0][0], points[-1][0]
+
+    def clock(at: float) -> str:
+        return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    top = max(lag for _, lag in points)
+    return MetadataValue.md(
+        f"`{sparkline(points)}`\n\n"
+        f"{len(points)} points from {clock(first)} to {clock(last)} UTC (lake-writer reports "
+        f"and freshness checks of this tenant); greatest lag {top:.0f} s, latest "
+        f"{points[-1][1]:.0f} s. One column per {max(last - first, 0) / PLOT_COLUMNS:.0f} s: "
+        f"▁ none … █ {top:.0f} s, {NO_POINT} no point."
+    )
+
+
 config = FreshnessSettings.from_env()
 
 _DESCRIPTION = (
@@ -155,6 +234,8 @@ def fresh_within_bound(
     with postgres.connect() as conn:
         lag = tenant_lags(conn, [tenant_id]).get(tenant_id)
     passed, description, metadata = judge(lag, config.bound_seconds)
+    history = lag_history(context.instance, tenant_id, metadata["lag_seconds"])
+    metadata["lag_over_time"] = lag_plot(history)
     return AssetCheckResult(
         passed=passed,
         severity=AssetCheckSeverity.ERROR,
@@ -240,6 +321,8 @@ def report_freshness(
             lags.get(tenant_id), config.bound_seconds, tenant_id in busy
         )
         failed += not passed
+        history = lag_history(context.instance, tenant_id, metadata["lag_seconds"])
+        metadata["lag_over_time"] = lag_plot(history)
         context.log_event(
             AssetCheckEvaluation(
                 asset_key=BRONZE,
