@@ -8,6 +8,8 @@ import threading
 import time
 
 import psycopg
+from hypothesis import given
+from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from oml_dagster.lake import sequencer
@@ -215,3 +217,65 @@ def test_pending_tenants_is_one_query_over_the_cache(conn):
     )
     assert [t for t, _, _ in sequencer.pending_tenants(conn)] == [b.tenant_id]
     assert sequencer.pending_tenants(conn, [a.tenant_id]) == []
+
+
+@given(
+    st.dictionaries(st.uuids().map(str), st.integers(1, 10_000), max_size=40),
+    st.integers(1, 50_000),
+)
+def test_quotas_share_a_cut_fairly_and_fill_it(pending, limit):
+    shares = sequencer.quotas(pending, limit)
+    assert set(shares) <= set(pending)
+    assert all(0 < shares[t] <= pending[t] for t in shares)
+    assert sum(shares.values()) == min(limit, sum(pending.values()))
+    # Max-min fair: a tenant cut short of its backlog got at least as much as any other but one.
+    for t, share in shares.items():
+        if share < pending[t]:
+            assert all(other <= share + 1 for other in shares.values())
+    if set(pending) - set(shares):  # a tenant is left out only when the limit ran out
+        assert sum(shares.values()) == limit
+
+
+def test_a_cut_takes_a_fair_share_of_each_backlog_in_order(conn):
+    """With one tenant far behind, a small limit still cuts every tenant's run in journal order:
+    the small backlog whole, the large one up to the rest of the limit."""
+    big, small = producer.create_tenant(conn), producer.create_tenant(conn)
+    for _ in range(12):
+        _act(conn, big)
+    for _ in range(2):
+        _act(conn, small)
+    rows_of = {
+        k.tenant_id: conn.execute(
+            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s", (k.tenant_id,)
+        ).fetchone()[0]
+        for k in (big, small)
+    }
+    report = sequencer.sequence(conn, limit=10)
+    assert report.tenants[small.tenant_id].sequenced == rows_of[small.tenant_id]
+    assert report.tenants[big.tenant_id].sequenced == 10 - rows_of[small.tenant_id]
+    assert report.deferred_rows == rows_of[big.tenant_id] - (10 - rows_of[small.tenant_id])
+    _assert_cut_invariants(conn)
+
+
+def test_a_drain_pass_cuts_until_each_tenant_has_a_full_batch(conn):
+    """Many small cuts add up to a batch per tenant in one pass (and one report); a pass stops
+    cutting once the batches are full, leaving the rest deferred."""
+    tenants = [producer.create_tenant(conn) for _ in range(3)]
+    for keys in tenants:
+        for _ in range(6):
+            _act(conn, keys)
+    pending = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
+    report = sequencer.sequence_for_batches(conn, max_batch=8, limit=5)
+    _assert_cut_invariants(conn)
+    assert set(report.tenants) == {k.tenant_id for k in tenants}
+    assert 3 * 8 <= report.sequenced < 3 * 8 + 5  # stopped at the cut that filled the batches
+    assert report.deferred_rows == pending - report.sequenced
+    seqs = conn.execute(
+        "SELECT tenant_id::text, min(seq), max(seq), count(seq) FROM oml.outbox GROUP BY 1"
+    ).fetchall()
+    for tenant_id, first, last, count in seqs:
+        cut = report.tenants[tenant_id]
+        assert (cut.first_seq, cut.last_seq, cut.sequenced) == (first, last, count)
+    # Nothing deferred: one cut is enough.
+    rest = sequencer.sequence_for_batches(conn, max_batch=1000, limit=1000)
+    assert rest.sequenced == pending - report.sequenced and rest.deferred_rows == 0

@@ -80,7 +80,8 @@ def drain(
     tables = OpenTables(lake)
     try:
         for _ in range(max_passes):
-            current = DrainPass(sequencer.sequence(conn), scope=scope)
+            cut = sequencer.sequence_for_batches(conn, (config or WriterConfig()).max_batch)
+            current = DrainPass(cut, scope=scope)
             targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
             if owns is not None and not tenants:
                 targets = [t for t in targets if owns(t)]

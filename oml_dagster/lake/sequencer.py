@@ -18,16 +18,23 @@ import psycopg
 # Serializes sequencer runs (an arbitrary, project-owned key).
 SEQUENCER_LOCK = 0x6F6D6C01
 
-# One statement: rank each tenant's pending rows, keep the contiguous run, cap it fairly across
-# tenants (round-robin by position in the run), number it after the current maximum seq.
+# One statement: take each tenant's first pending rows up to its quota (the partial index
+# outbox_unsequenced hands them over in order, so a cut reads about `limit` rows however long
+# the backlog), keep the contiguous run, cap it fairly across tenants (round-robin by position
+# in the run), number it after the current maximum seq.
 _ASSIGN = """
 WITH pending AS (
     SELECT o.id, o.tenant_id, o.journal_seq,
            COALESCE(t.last_journal_seq,
                     min(o.journal_seq) OVER (PARTITION BY o.tenant_id) - 1) AS base
-    FROM oml.outbox o
+    FROM unnest(%(tenants)s::uuid[], %(quotas)s::bigint[]) AS q(tenant_id, quota)
+    CROSS JOIN LATERAL (
+        SELECT id, tenant_id, journal_seq FROM oml.outbox
+        WHERE tenant_id = q.tenant_id AND seq IS NULL
+        ORDER BY journal_seq, id
+        LIMIT q.quota
+    ) o
     LEFT JOIN oml.sequencer_tenant t ON t.tenant_id = o.tenant_id
-    WHERE o.seq IS NULL
 ), ranked AS (
     SELECT id, tenant_id, journal_seq, base,
            dense_rank() OVER (PARTITION BY tenant_id, journal_seq <= base
@@ -51,6 +58,24 @@ UPDATE oml.outbox o SET seq = n.seq, sequenced_at = clock_timestamp()
 FROM numbered n WHERE o.id = n.id
 RETURNING n.tenant_id::text, n.journal_seq, n.seq
 """
+
+# Pending rows per tenant: an index-only scan of outbox_unsequenced.
+_PENDING = "SELECT tenant_id::text, count(*) FROM oml.outbox WHERE seq IS NULL GROUP BY tenant_id"
+
+
+def quotas(pending: dict[str, int], limit: int) -> dict[str, int]:
+    """How many of each tenant's pending rows a cut of at most `limit` reads: fair shares,
+    a tenant with fewer rows than its share leaving the rest to the others (the fewest first,
+    then by tenant id). Each tenant gets at least one row while the limit lasts."""
+    left, out = limit, {}
+    ordered = sorted(pending.items(), key=lambda item: (item[1], item[0]))
+    for i, (tenant_id, count) in enumerate(ordered):
+        take = min(count, max(left // (len(ordered) - i), 1), left)
+        if take > 0:
+            out[tenant_id] = take
+            left -= take
+    return out
+
 
 _WAITING = """
 SELECT o.tenant_id::text, count(*), min(o.journal_seq), min(o.created_at),
@@ -92,6 +117,24 @@ class SequencerReport:
     def sequenced(self) -> int:
         return sum(t.sequenced for t in self.tenants.values())
 
+    def then(self, later: SequencerReport) -> SequencerReport:
+        """This cut and a later one as one: rows cut by either, gaps and deferral as of the
+        later."""
+        merged = SequencerReport(gaps=later.gaps, deferred_rows=later.deferred_rows)
+        for tenant_id in {*self.tenants, *later.tenants}:
+            cuts = [r.tenants[tenant_id] for r in (self, later) if tenant_id in r.tenants]
+            firsts = [c.first_seq for c in cuts if c.first_seq is not None]
+            lasts = [c.last_seq for c in cuts if c.last_seq is not None]
+            journals = [c.last_journal_seq for c in cuts if c.last_journal_seq is not None]
+            merged.tenants[tenant_id] = TenantCut(
+                tenant_id,
+                sum(c.sequenced for c in cuts),
+                min(firsts, default=None),
+                max(lasts, default=None),
+                max(journals, default=None),
+            )
+        return merged
+
 
 def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
     """Run one cut; commits its own transaction."""
@@ -100,7 +143,14 @@ def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (SEQUENCER_LOCK,))
         # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
         start = conn.execute("SELECT COALESCE(max(seq), 0) FROM oml.outbox").fetchone()[0]
-        assigned = conn.execute(_ASSIGN, {"limit": limit, "start": start}).fetchall()
+        shares = quotas(dict(conn.execute(_PENDING).fetchall()), limit)
+        params = {
+            "tenants": list(shares),
+            "quotas": list(shares.values()),
+            "limit": limit,
+            "start": start,
+        }
+        assigned = conn.execute(_ASSIGN, params).fetchall() if shares else []
         for tenant_id, journal_seq, seq in assigned:
             cut = report.tenants.setdefault(tenant_id, TenantCut(tenant_id))
             cut.sequenced += 1
@@ -123,6 +173,30 @@ def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
                 )
             else:
                 report.deferred_rows += count
+    return report
+
+
+# A drain pass cuts again while rows were left for later and its cuts hold less than a full
+# batch per tenant cut, up to this many cuts (a backlog of 20 tenants takes ten 100,000-row cuts
+# to give each a batch of 50,000 instead of ten batches of 5,000).
+MOST_CUTS_PER_PASS = 10
+
+
+def sequence_for_batches(
+    conn: psycopg.Connection, max_batch: int, limit: int = 100_000
+) -> SequencerReport:
+    """Cuts until nothing is deferred, the cuts hold `max_batch` rows for each tenant they cut,
+    or MOST_CUTS_PER_PASS cuts are done; one report for all of them. Each cut is one `sequence`
+    (its own transaction), so a pass over a long backlog drains full batches rather than one
+    slice of each tenant per cut."""
+    report = sequence(conn, limit)
+    for _ in range(MOST_CUTS_PER_PASS - 1):
+        if not report.deferred_rows or report.sequenced >= max_batch * len(report.tenants):
+            break
+        more = sequence(conn, limit)
+        if not more.sequenced:
+            break
+        report = report.then(more)
     return report
 
 
