@@ -46,7 +46,7 @@ from .errors import (
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
 from .state import AppendWork, KeyedWork, TenantState
-from .storage import Lake, OpenTables, query, read_rows, sql_in, sql_text
+from .storage import Lake, OpenTables, query, rows_with, sql_text
 from .tables import (
     APP_ID,
     BRONZE_EVENTS,
@@ -230,14 +230,14 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
         if sims or validations:
             keys |= _matching_silver_keys(silver, sims, tainted, validations)
         if keys:
-            rows = read_rows(silver, SILVER_CLAIMS, sql_in("artifact_id", {k[0] for k in keys}))
+            rows = rows_with(silver, SILVER_CLAIMS, {"artifact_id": {k[0] for k in keys}})
             state.silver.load(r for r in rows if (r["artifact_id"], r["version"]) in keys)
             state.silver.looked_for(keys)
 
     lineage = handles[GOLD_LINEAGE.name].table
     if lineage is not None and (edge_ids or sims):
-        condition = f"{sql_in('edge_id', edge_ids)} OR {sql_in('simulation_id', sims)}"
-        state.lineage.load(read_rows(lineage, GOLD_LINEAGE, condition))
+        matches = {"edge_id": edge_ids, "simulation_id": sims}
+        state.lineage.load(rows_with(lineage, GOLD_LINEAGE, matches))
         state.lineage.looked_for((e,) for e in edge_ids)
 
     # Curated rows a demote, erase or repair reaches: routed by the silver row's workarea.
@@ -256,9 +256,7 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
             if (row := state.silver.get(k)) is None or row["workarea_id"] == workarea_id
         }
         if wanted:
-            rows = read_rows(
-                handle.table, GOLD_CURATED, sql_in("artifact_id", {k[0] for k in wanted})
-            )
+            rows = rows_with(handle.table, GOLD_CURATED, {"artifact_id": {k[0] for k in wanted}})
             work.load(r for r in rows if (r["artifact_id"], r["version"]) in wanted)
 
 
