@@ -68,4 +68,8 @@ def test_no_import_chain_inside_the_core_is_deeper_than_four_modules():
 def test_maintenance_and_erasure_sit_on_the_log_and_policy_modules_only():
     chains = longest_chains(import_graph())
     assert len(chains["maintenance"]) <= 3 and len(chains["erasure"]) <= 3
-    assert len(chains["deltalog"]) == 1 and len(chains["policy"]) == 1
+    assert len(chains["deltalog"]) == 1 and chains["policy"] == ["policy", "queries"]
+
+
+def test_the_statements_module_imports_nothing_of_the_core():
+    assert len(longest_chains(import_graph())["queries"]) == 1

@@ -25,7 +25,7 @@ from dagster import (
     multi_asset,
 )
 
-from oml_dagster.lake import deadletter
+from oml_dagster.lake import deadletter, queries
 from oml_dagster.lake.drain import DrainPass, drain
 from oml_dagster.lake.freshness import tenant_lag
 from oml_dagster.lake.policy import lag
@@ -141,22 +141,12 @@ def run_metadata(
     new_from = min(max((t.txn_before for t in r.tables), default=r.batch_end) for r in results)
     new_ops = 0
     if new_from < batch_end:
-        new_ops = conn.execute(
-            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND seq > %s AND seq <= %s",
-            (tenant_id, new_from, batch_end),
-        ).fetchone()[0]
+        new_ops = queries.ops_in(conn, tenant_id, new_from, batch_end)
     # Verdicts recorded by an earlier run of the same ops count too: a replay reuses them.
     refused = len(deadletter.refused_seqs(conn, tenant_id, new_from, batch_end))
     outcomes_of_run = [t for r in results for t in r.tables]
     # Where every table stands after the run (the run has just refreshed this cache).
-    frontier = {
-        name: (txn, version)
-        for name, txn, version in conn.execute(
-            "SELECT table_name, txn_version, table_version FROM oml.lake_frontier"
-            " WHERE tenant_id = %s",
-            (tenant_id,),
-        )
-    }
+    frontier = queries.frontier_versions(conn, tenant_id)
     # The tenant's lag after the run: a table's own lag above counts from its txn version, which
     # an idle table (no op of its kind) keeps for up to txn_lag_limit ops, drained or not.
     behind = tenant_lag(conn, tenant_id)

@@ -30,6 +30,7 @@ import duckdb
 import psycopg
 import pyarrow as pa
 
+from . import queries
 from .errors import LakeError
 from .storage import Lake, tenant_tables
 from .tables import (
@@ -501,9 +502,7 @@ def lake_lag(
     oldest = {
         (lo, hi): at
         for lo, hi, at in conn.execute(
-            "SELECT b.lo, b.hi, min(o.created_at) FROM unnest(%s::bigint[], %s::bigint[])"
-            " AS b(lo, hi) JOIN oml.outbox o ON o.tenant_id = %s AND o.seq > b.lo"
-            " AND o.seq <= b.hi GROUP BY b.lo, b.hi",
+            queries.OLDEST_OP_PER_BATCH,
             ([lo for lo, _ in bounds], [hi for _, hi in bounds], tenant_id),
         )
     }
@@ -809,10 +808,7 @@ def refused_area_acts(conn: psycopg.Connection, tenant_id: str) -> frozenset[int
     return frozenset(
         js
         for (js,) in conn.execute(
-            "SELECT o.journal_seq FROM oml.outbox o"
-            " LEFT JOIN oml.lake_dead_letter d ON d.seq = o.seq AND d.requeued_at IS NULL"
-            " WHERE o.tenant_id = %s AND o.op LIKE 'area.%%'"
-            " GROUP BY o.journal_seq HAVING bool_and(d.seq IS NOT NULL)",
+            queries.REFUSED_AREA_ACTS,
             (tenant_id,),
         )
     )

@@ -33,7 +33,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import deltalog
+from . import deltalog, queries
 from .policy import DEFAULT_CADENCE, erasure_bound
 from .storage import Lake, query, tenant_tables
 from .tables import GOLD_CURATED, SILVER_CLAIMS
@@ -205,10 +205,7 @@ class _Erase:
 
 def _erases(conn: psycopg.Connection, tenant_id: str) -> list[_Erase]:
     rows = conn.execute(
-        "SELECT o.id, o.seq, o.payload, o.created_at, d.seq IS NOT NULL,"
-        " d.seq IS NOT NULL AND d.requeued_at IS NULL, d.reason"
-        " FROM oml.outbox o LEFT JOIN oml.lake_dead_letter d ON d.seq = o.seq"
-        " WHERE o.tenant_id = %s AND o.op = 'claim.erase' ORDER BY o.id",
+        queries.ERASE_ACTS,
         (tenant_id,),
     ).fetchall()
     found = []

@@ -46,7 +46,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from deltalake import DeltaTable
 
-from . import catalog
+from . import catalog, queries
 from .errors import RefusedOp
 from .state import AppendWork, KeyedWork, TenantState
 from .storage import Lake, read_rows, tenant_tables
@@ -264,7 +264,7 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
     cache = {
         name: (batch_end, txn)
         for name, batch_end, txn in conn.execute(
-            "SELECT table_name, batch_end, txn_version FROM oml.lake_frontier WHERE tenant_id = %s",
+            queries.FRONTIER_BATCH_ENDS,
             (tenant_id,),
         )
     }
@@ -307,7 +307,7 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
 
 def public_keys(conn: psycopg.Connection) -> dict[str, tuple[str, bytes]]:
     """api_key_id -> (owning tenant, raw Ed25519 public key), from oml.api_keys."""
-    rows = conn.execute("SELECT api_key_id, tenant_id::text, public_key FROM oml.api_keys")
+    rows = conn.execute(queries.PUBLIC_KEYS)
     return {key_id: (tenant_id, bytes(pub)) for key_id, tenant_id, pub in rows}
 
 
@@ -493,8 +493,7 @@ def check_bodies(snapshot: LakeSnapshot) -> CheckResult:
 def check_dead_letters(conn: psycopg.Connection, tenant_id: str) -> CheckResult:
     result = CheckResult(SILVER_CLAIMS.name, DEAD_LETTERS, tenant_id)
     rows = conn.execute(
-        "SELECT seq, op, payload, reason, refused_at FROM oml.lake_dead_letter"
-        " WHERE tenant_id = %s AND requeued_at IS NULL ORDER BY seq",
+        queries.OPEN_DEAD_LETTERS,
         (tenant_id,),
     ).fetchall()
     for seq, op, payload, reason, refused_at in rows:
@@ -534,7 +533,7 @@ class _BodyPresence(dict):
 
 def _stored_bodies(conn: psycopg.Connection, tenant_id: str) -> set[tuple[str, int]]:
     rows = conn.execute(
-        "SELECT artifact_id::text, version FROM oml.claim_bodies WHERE tenant_id = %s",
+        queries.STORED_BODIES,
         (tenant_id,),
     )
     return {(a, v) for a, v in rows}
@@ -578,7 +577,7 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
     refused = {
         seq
         for (seq,) in conn.execute(
-            "SELECT seq FROM oml.lake_dead_letter WHERE tenant_id = %s AND seq <= %s",
+            queries.REFUSED_THROUGH,
             (tenant_id, last),
         )
     }
@@ -592,8 +591,7 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
 
     cursor = conn.cursor()
     for seq, journal_seq, name, payload in cursor.stream(
-        "SELECT seq, journal_seq, op, payload FROM oml.outbox"
-        " WHERE tenant_id = %s AND seq IS NOT NULL AND seq <= %s ORDER BY seq",
+        queries.OUTBOX_THROUGH,
         (tenant_id, last),
     ):
         take_through(seq)
