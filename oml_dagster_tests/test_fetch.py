@@ -18,8 +18,14 @@ from oml_dagster.lake import catalog, sequencer
 from oml_dagster.lake.bronze import checked_events, cleared_events
 from oml_dagster.lake.errors import RefusedOp
 from oml_dagster.lake.fetch import Fetcher
-from oml_dagster.lake.state import AppendWork, KeyedWork, TenantState
-from oml_dagster.lake.tables import GOLD_AREAS, GOLD_LINEAGE, SILVER_CLAIMS
+from oml_dagster.lake.tables import (
+    GOLD_AREAS,
+    GOLD_LINEAGE,
+    SILVER_CLAIMS,
+    AppendWork,
+    KeyedWork,
+    TenantState,
+)
 from oml_dagster.simulate import producer
 
 B32 = base64.b64encode(bytes(range(32))).decode()

@@ -48,7 +48,6 @@ from deltalake import DeltaTable
 
 from . import catalog, queries
 from .errors import RefusedOp
-from .state import AppendWork, KeyedWork, TenantState
 from .storage import Lake, read_rows, tenant_tables
 from .tables import (
     APP_ID,
@@ -57,7 +56,10 @@ from .tables import (
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
+    AppendWork,
+    KeyedWork,
     TableSpec,
+    TenantState,
 )
 
 GENESIS_HASH = bytes(32)

@@ -45,7 +45,6 @@ from .errors import (
 )
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
-from .state import AppendWork, KeyedWork, TenantState
 from .storage import Lake, query, read_rows, sql_in, sql_text
 from .tables import (
     APP_ID,
@@ -55,7 +54,10 @@ from .tables import (
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
+    AppendWork,
+    KeyedWork,
     TableSpec,
+    TenantState,
     writer_properties,
 )
 from .watchdog import Watchdog
