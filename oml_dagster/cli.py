@@ -14,7 +14,7 @@ from . import maintenance_cli
 from .lake import analytics_cli, db, deadletter, sequencer
 from .lake.doctor import DEFAULT_LAG_LIMIT, examine
 from .lake.drain import DrainPass, drain
-from .lake.erasure import erased_artifacts, erasure_evidence
+from .lake.erasure import APPLIED, erased_artifacts, erasure_evidence
 from .lake.errors import LakeError
 from .lake.policy import erasure_cadence, known_tenants, lag
 from .lake.reconcile import reconcile
@@ -154,13 +154,13 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                 f"  erases: {len(evidence.pending_erases)} pending, "
                 f"{len(evidence.dead_lettered_erases)} dead-lettered"
             )
-            gone = [a for a in per_artifact.artifacts if not a.copies and a.status == "applied"]
+            gone = [a for a in per_artifact.artifacts if not a.copies and a.status == APPLIED]
             _print(
                 f"  erased versions: {len(per_artifact.artifacts)}, {len(gone)} gone from every "
                 "file (the others below; --json lists all)"
             )
             for a in per_artifact.artifacts:
-                if not a.copies and a.status == "applied":
+                if not a.copies and a.status == APPLIED:
                     continue
                 classes = sorted({c.copy_class for c in a.copies})
                 copies = f"{len(a.copies)} copies ({', '.join(classes)})" if a.copies else "gone"

@@ -40,6 +40,7 @@ from dagster import (
 
 from oml_dagster.lake import analytics
 from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.tables import DEMOTED, ERASED, HELD, PROMOTED
 
 from .assets import AREAS, BRONZE, CURATED, LINEAGE, OUTBOX, SILVER, TABLE_OF
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
@@ -193,7 +194,7 @@ def claims_by_state(context: AssetExecutionContext, lake: LakeResource) -> Mater
         "claims_by_state": md_table(rows),
         "states": MetadataValue.json(states),
     }
-    for state in ("promoted", "held", "demoted", "erased"):
+    for state in (PROMOTED, HELD, DEMOTED, ERASED):
         metadata[f"claims_{state}"] = states.get(state, 0)
     return MaterializeResult(metadata=metadata)
 

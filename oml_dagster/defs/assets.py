@@ -36,6 +36,7 @@ from oml_dagster.lake.tables import (
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
+    TableId,
     TableSpec,
 )
 from oml_dagster.lake.writer import BatchResult, TableOutcome
@@ -156,8 +157,10 @@ def run_metadata(
     }
     found: dict[AssetKey, dict] = {}
     for key, spec in TABLE_OF.items():
-        outcomes = [t for t in outcomes_of_run if _table_of(t.table) == spec.name]
-        tables = {n: state for n, state in frontier.items() if _table_of(n) == spec.name}
+        outcomes = [t for t in outcomes_of_run if TableId.parse(t.table).spec_name == spec.name]
+        tables = {
+            n: state for n, state in frontier.items() if TableId.parse(n).spec_name == spec.name
+        }
         meta: dict = {
             "rows_written": sum(t.rows for t in outcomes),
             # From each commit's own result (the MERGE's metrics), not a second log read.
@@ -182,18 +185,16 @@ def run_metadata(
         if spec is GOLD_CURATED:
             meta["curated_tables"] = len(tables)
             meta["table_versions"] = MetadataValue.json(
-                {name.split("/", 1)[1]: version for name, (_, version) in sorted(tables.items())}
+                {
+                    TableId.parse(name).workarea_id: version
+                    for name, (_, version) in sorted(tables.items())
+                }
             )
         elif tables.get(spec.name, (None, None))[1] is not None:
             meta["table_version"] = tables[spec.name][1]
             meta["table_uri"] = MetadataValue.path(lake.table_uri(tenant_id, spec))
         found[key] = meta
     return found
-
-
-def _table_of(name: str) -> str:
-    """The spec name of a table name (`gold.curated/<workarea>` → `gold.curated`)."""
-    return name.split("/", 1)[0]
 
 
 def _action(outcomes: list[TableOutcome]) -> str:

@@ -41,6 +41,7 @@ from .tables import (
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
+    TableId,
     TableSpec,
 )
 
@@ -183,7 +184,7 @@ def tenant_connection(lake: Lake, tenant_id: str, *, lockdown: bool = False) -> 
             _register(found, VIEW_OF[spec.name], spec.name, spec, spec_uri[1] if spec_uri else None)
         for name, (spec, uri) in sorted(existing.items()):
             if spec is GOLD_CURATED:
-                workarea_id = name.split("/", 1)[1]
+                workarea_id = TableId.parse(name).workarea_id
                 _register(found, curated_view(workarea_id), name, spec, uri)
         if lockdown:
             prefix = lake.tenant_uri(tenant_id).rstrip("/") + "/"
@@ -305,7 +306,7 @@ def second_reader_check(
         if view.uri is None:
             continue
         if wanted is not None and not (
-            view.table in wanted or view.table.split("/", 1)[0] in wanted
+            view.table in wanted or TableId.parse(view.table).spec_name in wanted
         ):
             continue
         table = lake.open(view.uri)

@@ -23,10 +23,16 @@ from .errors import RefusedOp
 from .tables import (
     AREA_STATUSES,
     BODY_REFS,
+    CLAIM_STATES,
+    DEMOTED,
     EDGE_LABELS,
+    ERASED,
     GRAPHS,
+    HELD,
+    PROMOTED,
     PROVENANCES,
     SILVER_CLAIMS,
+    ClaimState,
     Row,
     TenantState,
 )
@@ -331,21 +337,21 @@ def _tainted(row: Row) -> bool:
     return bool(row.get("simulation_id") or row.get("sim_derived_ids"))
 
 
-def _retracted(row: Row, new_state: str, at: dt.datetime) -> Row | None:
+def _retracted(row: Row, new_state: ClaimState, at: dt.datetime) -> Row | None:
     """The row after a demote or erase, or None when the row already made that move (or is
     erased, which is terminal)."""
     current = row["state"]
-    if current == "erased" or current == new_state:
+    if current in (ERASED, new_state):
         return None
-    if new_state == "demoted" and current not in ("promoted", "held"):
+    if new_state == DEMOTED and current not in (PROMOTED, HELD):
         return None
     changed = dict(row, state=new_state, retracted_at=at)
-    if new_state == "erased":
+    if new_state == ERASED:
         changed.update(body_ciphertext=None, attachments=None)
     return changed
 
 
-def _retract_everywhere(op: Op, state: TenantState, new_state: str) -> None:
+def _retract_everywhere(op: Op, state: TenantState, new_state: ClaimState) -> None:
     """A demote or erase: silver and, when the row's area is validated, its curated table, under
     the same op and so the same batch."""
     key = _claim_key(op)
@@ -439,13 +445,13 @@ def _check_promote(op: Op, state: TenantState) -> None:
     row = state.silver.get(_claim_key(op))
     if row is not None:
         _check_fold_seq(op, row)
-        if row["state"] == "demoted":
+        if row["state"] == DEMOTED:
             raise RefusedOp(
                 f"claim.promote of a demoted row ({_describe(_claim_key(op))}): "
                 "promote a new version instead"
             )
         for digest in ("plaintext_digest", "ciphertext_digest"):
-            if row["state"] != "erased" and op.args[digest] != row[digest]:
+            if row["state"] != ERASED and op.args[digest] != row[digest]:
                 raise RefusedOp(
                     f"claim.promote of {_describe(_claim_key(op))} with another {digest} than "
                     "the row the lake holds: promote a new version instead"
@@ -454,7 +460,7 @@ def _check_promote(op: Op, state: TenantState) -> None:
         _known_area(op, state, op.args["workarea_id"])
     # A promotion that would change something (a new row, or a held row back to promoted)
     # lands a promoted row in its area: refused when that area is validated.
-    if row is None or row["state"] == "held":
+    if row is None or row["state"] == HELD:
         workarea_id = op.args["workarea_id"] if row is None else row["workarea_id"]
         if _area_status(state, workarea_id) == "validated":
             raise RefusedOp(
@@ -473,17 +479,17 @@ def _apply_promote(op: Op, state: TenantState) -> None:
         new = {name: op.args.get(name) for name in SILVER_CLAIMS.columns}
         new.update(
             tenant_id=state.tenant_id,
-            state="promoted",
+            state=PROMOTED,
             body_ciphertext=_body(op, state, op.args["body_ref"]),
             retracted_at=None,
             fold_seq=None,
         )
         state.silver.put(new, op.seq)
-    elif row["state"] == "held":
+    elif row["state"] == HELD:
         state.silver.put(
             dict(
                 row,
-                state="promoted",
+                state=PROMOTED,
                 body_ciphertext=_body(op, state, row["body_ref"]),
                 retracted_at=None,
             ),
@@ -496,22 +502,22 @@ def _check_retract(op: Op, state: TenantState) -> None:
 
 
 def _apply_demote(op: Op, state: TenantState) -> None:
-    _retract_everywhere(op, state, "demoted")
+    _retract_everywhere(op, state, DEMOTED)
 
 
 def _apply_erase(op: Op, state: TenantState) -> None:
-    _retract_everywhere(op, state, "erased")
+    _retract_everywhere(op, state, ERASED)
 
 
 def _check_reassign(op: Op, state: TenantState) -> None:
     row = _held_row(op, state)
-    if row["state"] == "erased":
+    if row["state"] == ERASED:
         return
     destination = op.args["workarea_id"]
     _known_area(op, state, destination)
     if (
         op.args["held"]
-        and row["state"] == "promoted"
+        and row["state"] == PROMOTED
         and _area_status(state, row["workarea_id"]) == "validated"
     ):
         raise RefusedOp(
@@ -532,9 +538,9 @@ def _check_reassign(op: Op, state: TenantState) -> None:
 
 def _apply_reassign(op: Op, state: TenantState) -> None:
     row = state.silver.get(_claim_key(op))
-    if row is None or row["state"] == "erased":
+    if row is None or row["state"] == ERASED:
         return
-    new_state = "held" if op.args["held"] and row["state"] == "promoted" else row["state"]
+    new_state = HELD if op.args["held"] and row["state"] == PROMOTED else row["state"]
     if new_state == row["state"] and op.args["workarea_id"] == row["workarea_id"]:
         return
     state.silver.put(dict(row, workarea_id=op.args["workarea_id"], state=new_state), op.seq)
@@ -543,7 +549,7 @@ def _apply_reassign(op: Op, state: TenantState) -> None:
 # The repaired row: every silver column except tenant_id, applied_seq and fold_seq.
 _REPAIR_ROW = record(
     *_SUBMISSION,
-    Field("state", one_of("promoted", "demoted", "erased", "held")),
+    Field("state", one_of(*CLAIM_STATES)),
     Field("body_ciphertext", b64, required=False, nullable=True),
     Field("retracted_at", instant, required=False, nullable=True),
 )
@@ -561,9 +567,9 @@ def _validate_repair(args: dict[str, Any]) -> None:
 # Inside a validated area a repair may keep the row's state or retract it, as the status ladder
 # admits only demote and erase there; anything else would split silver from curated.
 _FROZEN_MOVES = {
-    "promoted": ("promoted", "demoted", "erased"),
-    "held": ("held", "demoted", "erased"),
-    "demoted": ("demoted", "erased"),
+    PROMOTED: (PROMOTED, DEMOTED, ERASED),
+    HELD: (HELD, DEMOTED, ERASED),
+    DEMOTED: (DEMOTED, ERASED),
 }
 
 
@@ -580,9 +586,9 @@ def _check_repair(op: Op, state: TenantState) -> None:
             f"claim.repair fold_seq {op.args['fold_seq']} is lower than the row's fold_seq "
             f"{row['fold_seq']} ({_describe(key)})"
         )
-    if row is not None and row["state"] == "erased":
+    if row is not None and row["state"] == ERASED:
         return  # erased is terminal: the repair changes nothing
-    if row is None and repaired["state"] == "held":
+    if row is None and repaired["state"] == HELD:
         raise RefusedOp(f"claim.repair would admit a held body ({_describe(key)})")
     destination = repaired["workarea_id"]
     status = _known_area(op, state, destination)
@@ -608,11 +614,11 @@ def _check_repair(op: Op, state: TenantState) -> None:
 def _apply_repair(op: Op, state: TenantState) -> None:
     key = _claim_key(op)
     current = state.silver.get(key)
-    if current is not None and current["state"] == "erased":
+    if current is not None and current["state"] == ERASED:
         return
     repaired = {name: op.args["row"].get(name) for name in SILVER_CLAIMS.columns}
     repaired.update(tenant_id=state.tenant_id, fold_seq=op.args["fold_seq"])
-    if repaired["state"] == "erased":
+    if repaired["state"] == ERASED:
         repaired.update(body_ciphertext=None, attachments=None)
     elif "body_ciphertext" not in op.args["row"]:
         repaired["body_ciphertext"] = _body(op, state, repaired["body_ref"])
@@ -620,7 +626,7 @@ def _apply_repair(op: Op, state: TenantState) -> None:
     # A row of a validated area lives in its curated table too: the same op changes both.
     for curated in _curated_holding(state, key, repaired["workarea_id"]):
         held = curated.get(key)
-        if held["state"] != "erased":
+        if held["state"] != ERASED:
             curated.put(dict(repaired, curated_at=held["curated_at"]), op.seq)
 
 
@@ -631,14 +637,14 @@ def _apply_simulation_end(op: Op, state: TenantState) -> None:
         tainted = op.args["demote_tainted"] and simulation_id in (row["sim_derived_ids"] or ())
         if row["simulation_id"] != simulation_id and not tainted:
             continue
-        if row["state"] not in ("promoted", "held"):
+        if row["state"] not in (PROMOTED, HELD):
             continue
         if row["fold_seq"] is not None and op.journal_seq <= row["fold_seq"]:
             continue  # a reconciler repair newer than this act owns the row
-        state.silver.put(dict(row, state="demoted", retracted_at=at), op.seq)
+        state.silver.put(dict(row, state=DEMOTED, retracted_at=at), op.seq)
     for edge in list(state.lineage.values()):
         if edge["simulation_id"] == simulation_id and edge["state"] == "ratified":
-            state.lineage.put(dict(edge, state="demoted"), op.seq)
+            state.lineage.put(dict(edge, state=DEMOTED), op.seq)
 
 
 # --- lineage -----------------------------------------------------------------------------------
@@ -718,7 +724,7 @@ def _check_edge_demote(op: Op, state: TenantState) -> None:
 def _apply_edge_demote(op: Op, state: TenantState) -> None:
     edge = state.lineage.get((op.args["edge_id"],))
     if edge is not None and edge["state"] == "ratified":
-        state.lineage.put(dict(edge, state="demoted"), op.seq)
+        state.lineage.put(dict(edge, state=DEMOTED), op.seq)
 
 
 # --- areas -------------------------------------------------------------------------------------
@@ -874,9 +880,7 @@ def _check_validate(op: Op, state: TenantState) -> None:
     tainted = sorted(
         row["artifact_id"]
         for row in state.silver.values()
-        if row["workarea_id"] == workarea_id
-        and row["state"] in ("promoted", "held")
-        and _tainted(row)
+        if row["workarea_id"] == workarea_id and row["state"] in (PROMOTED, HELD) and _tainted(row)
     )
     if tainted:
         raise RefusedOp(
@@ -895,7 +899,7 @@ def _apply_validate(op: Op, state: TenantState) -> None:
         return  # created already: a table that exists is never created again
     curated = state.new_curated(workarea_id)
     for row in state.silver.values():
-        if row["workarea_id"] == workarea_id and row["state"] == "promoted":
+        if row["workarea_id"] == workarea_id and row["state"] == PROMOTED:
             # The validation's own instant: a rebuild from the outbox gives the same rows.
             curated.put(dict(row, curated_at=op.args["at"]), op.seq)
 

@@ -55,12 +55,15 @@ from .tables import (
     GOLD_AREAS,
     GOLD_CURATED,
     GOLD_LINEAGE,
+    PROMOTED,
     SILVER_CLAIMS,
     AppendWork,
     KeyedWork,
+    TableId,
     TableSpec,
     TenantState,
 )
+from .tables import ERASED as ERASED_STATE
 
 GENESIS_HASH = bytes(32)
 SAMPLE = 5
@@ -203,7 +206,7 @@ class _Table:
 
     @property
     def workarea_id(self) -> str | None:
-        return self.name.split("/", 1)[1] if "/" in self.name else None
+        return TableId.parse(self.name).workarea_id
 
 
 class LakeSnapshot:
@@ -290,8 +293,7 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
     for name, (_, cached) in cache.items():
         if name in in_lake or cached == 0:
             continue
-        spec_name = name.split("/", 1)[0]
-        result = results.get(spec_name)
+        result = results.get(TableId.parse(name).spec_name)
         if result is None:
             continue
         result.checked += 1
@@ -414,7 +416,7 @@ def check_erased(snapshot: LakeSnapshot, spec: TableSpec) -> CheckResult:
     result = CheckResult(spec.name, ERASED, snapshot.tenant_id)
     for t in snapshot.of(spec):
         for row in t.rows:
-            if row["state"] != "erased":
+            if row["state"] != ERASED_STATE:
                 continue
             result.checked += 1
             kept = [c for c in ("body_ciphertext", "attachments") if row[c] is not None]
@@ -737,7 +739,7 @@ def check_curated(snapshot: LakeSnapshot) -> CheckResult:
             row = rows[0]
             if (
                 row["workarea_id"] == t.workarea_id
-                and row["state"] == "promoted"
+                and row["state"] == PROMOTED
                 and key not in curated_keys
             ):
                 result.add(

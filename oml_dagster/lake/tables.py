@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -218,6 +218,36 @@ GOLD_CURATED = TableSpec(
 # Tables every tenant has (curated tables appear per validated workarea).
 CORE_TABLES: tuple[TableSpec, ...] = (BRONZE_EVENTS, SILVER_CLAIMS, GOLD_LINEAGE, GOLD_AREAS)
 
+
+@dataclass(frozen=True)
+class TableId:
+    """One table of a tenant: its spec's name, and for a curated table its workarea. `str()` is
+    the name the frontier cache (`oml.lake_frontier.table_name`), the reconciler's findings and
+    the run metadata use: the spec's name (`silver.claims`), or `gold.curated/<workarea_id>`."""
+
+    spec_name: str
+    workarea_id: str | None = None
+
+    @classmethod
+    def curated(cls, workarea_id: str) -> TableId:
+        return cls(GOLD_CURATED.name, workarea_id)
+
+    @classmethod
+    def parse(cls, name: str) -> TableId:
+        spec_name, _, workarea_id = name.partition("/")
+        return cls(spec_name, workarea_id or None)
+
+    def __str__(self) -> str:
+        return f"{self.spec_name}/{self.workarea_id}" if self.workarea_id else self.spec_name
+
+
+# The `state` of a claim version in silver (and of an edge in gold.lineage).
+ClaimState = Literal["promoted", "demoted", "erased", "held"]
+PROMOTED: ClaimState = "promoted"
+DEMOTED: ClaimState = "demoted"
+ERASED: ClaimState = "erased"
+HELD: ClaimState = "held"
+CLAIM_STATES: tuple[ClaimState, ...] = (PROMOTED, DEMOTED, ERASED, HELD)
 AREA_STATUSES = ("development", "committed", "validated")
 GRAPHS = ("claim", "workarea")
 # The labels of each graph (spec: gold.lineage); an edge of one graph never carries another's.
