@@ -43,6 +43,7 @@ from .tables import (
     SILVER_CLAIMS,
     TableId,
     TableSpec,
+    area_descendants,
 )
 
 # View name of each core table in a tenant's DuckDB connection.
@@ -563,14 +564,8 @@ AREA_COLUMNS = (
     "created_at",
     "updated_at",
 )
-_SETTABLE = (
-    "parent_id",
-    "path",
-    "status",
-    "crew_name",
-    "crew_charter_uri",
-    "crew_external_manager",
-)
+# What an area event can set: every column but the key and the two instants.
+_SETTABLE = tuple(c for c in AREA_COLUMNS if c not in ("workarea_id", "created_at", "updated_at"))
 
 
 @dataclass
@@ -653,28 +648,6 @@ def replay_areas(
     return AreaReplay(as_of, areas, applied, last, skipped)
 
 
-def _children(areas: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-    children: dict[str, list[str]] = {}
-    for area in areas.values():
-        if area["parent_id"] is not None:
-            children.setdefault(area["parent_id"], []).append(area["workarea_id"])
-    return children
-
-
-def _descendants(areas: dict[str, dict[str, Any]], node: str) -> list[str]:
-    """The subtree below `node`, parents before children, each node once."""
-    children = _children(areas)
-    found, seen, stack = [], {node}, list(children.get(node, ()))
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        found.append(n)
-        stack.extend(children.get(n, ()))
-    return found
-
-
 _LADDER = {"development": 0, "committed": 1, "validated": 2}
 
 
@@ -704,14 +677,14 @@ def _apply_area_event(
             return "reparent of the root"
         if parent not in areas:
             return "reparent under an unknown parent"
-        if parent == node_id or parent in _descendants(areas, node_id):
+        if parent == node_id or parent in area_descendants(areas.values(), node_id):
             return "reparent under its own subtree"
         refusal = _path_refusal(areas, parent, payload["path"])
         if refusal:
             return refusal
         paths = {node_id: payload["path"]}
         areas[node_id] = dict(node, parent_id=parent, path=payload["path"], updated_at=at)
-        for child_id in _descendants(areas, node_id):
+        for child_id in area_descendants(areas.values(), node_id):
             child = areas[child_id]
             path = paths[child["parent_id"]] + "." + child["path"].rsplit(".", 1)[-1]
             paths[child_id] = path

@@ -35,6 +35,7 @@ from .tables import (
     ClaimState,
     Row,
     TenantState,
+    area_descendants,
 )
 
 # --- payload fields ----------------------------------------------------------------------------
@@ -815,24 +816,6 @@ def _apply_upsert(op: Op, state: TenantState) -> None:
         state.areas.put(dict(changed, updated_at=op.args["at"]), op.seq)
 
 
-def _descendants(state: TenantState, workarea_id: str) -> list[str]:
-    """The subtree below `workarea_id`, parents before children. Each node is visited once, so
-    a cycle already in gold.areas (written before cycles were refused) cannot hang the walk."""
-    children: dict[str, list[str]] = {}
-    for area in state.areas.values():
-        if area["parent_id"] is not None:
-            children.setdefault(area["parent_id"], []).append(area["workarea_id"])
-    found, seen, stack = [], {workarea_id}, list(children.get(workarea_id, ()))
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        found.append(node)
-        stack.extend(children.get(node, ()))
-    return found
-
-
 def _check_reparent(op: Op, state: TenantState) -> None:
     node, parent = op.args["workarea_id"], op.args["parent_id"]
     area = state.areas.get((node,))
@@ -842,7 +825,7 @@ def _check_reparent(op: Op, state: TenantState) -> None:
         raise RefusedOp(f"area.reparent of the root {node}: the root has no parent")
     if state.areas.get((parent,)) is None:
         raise RefusedOp(f"area.reparent under an unknown parent {parent}")
-    if parent == node or parent in _descendants(state, node):
+    if parent == node or parent in area_descendants(state.areas.values(), node):
         raise RefusedOp(f"area.reparent of {node} under its own subtree ({parent}) makes a cycle")
     _check_path(node, parent, op.args["path"], state)
 
@@ -857,7 +840,7 @@ def _apply_reparent(op: Op, state: TenantState) -> None:
         dict(node, parent_id=op.args["parent_id"], path=paths[node_id], updated_at=at), op.seq
     )
     # Descendants come parent-first from the walk; each keeps its own last label.
-    for child_id in _descendants(state, node_id):
+    for child_id in area_descendants(state.areas.values(), node_id):
         child = state.areas.get((child_id,))
         path = paths[child["parent_id"]] + "." + child["path"].rsplit(".", 1)[-1]
         paths[child_id] = path

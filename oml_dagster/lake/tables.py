@@ -249,6 +249,27 @@ ERASED: ClaimState = "erased"
 HELD: ClaimState = "held"
 CLAIM_STATES: tuple[ClaimState, ...] = (PROMOTED, DEMOTED, ERASED, HELD)
 AREA_STATUSES = ("development", "committed", "validated")
+
+
+def area_descendants(areas: Iterable[Row], workarea_id: str) -> list[str]:
+    """The subtree below `workarea_id` in gold.areas rows, parents before children. Each node is
+    visited once, so a cycle already in the rows (written before cycles were refused) cannot hang
+    the walk."""
+    children: dict[str, list[str]] = {}
+    for area in areas:
+        if area["parent_id"] is not None:
+            children.setdefault(area["parent_id"], []).append(area["workarea_id"])
+    found, seen, stack = [], {workarea_id}, list(children.get(workarea_id, ()))
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        found.append(node)
+        stack.extend(children.get(node, ()))
+    return found
+
+
 GRAPHS = ("claim", "workarea")
 # The labels of each graph (spec: gold.lineage); an edge of one graph never carries another's.
 EDGE_LABELS = {
