@@ -14,7 +14,7 @@ from . import maintenance_cli
 from .lake import analytics_cli, db, deadletter, sequencer
 from .lake.doctor import DEFAULT_LAG_LIMIT, examine
 from .lake.drain import DrainPass, drain
-from .lake.erasure import erased_artifacts, erasure_evidence
+from .lake.erasure import APPLIED, erased_artifacts, erasure_evidence
 from .lake.errors import LakeError
 from .lake.policy import erasure_cadence, known_tenants, lag
 from .lake.reconcile import reconcile
@@ -154,13 +154,13 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                 f"  erases: {len(evidence.pending_erases)} pending, "
                 f"{len(evidence.dead_lettered_erases)} dead-lettered"
             )
-            gone = [a for a in per_artifact.artifacts if not a.copies and a.status == "applied"]
+            gone = [a for a in per_artifact.artifacts if not a.copies and a.status == APPLIED]
             _print(
                 f"  erased versions: {len(per_artifact.artifacts)}, {len(gone)} gone from every "
                 "file (the others below; --json lists all)"
             )
             for a in per_artifact.artifacts:
-                if not a.copies and a.status == "applied":
+                if not a.copies and a.status == APPLIED:
                     continue
                 classes = sorted({c.copy_class for c in a.copies})
                 copies = f"{len(a.copies)} copies ({', '.join(classes)})" if a.copies else "gone"
@@ -252,6 +252,26 @@ def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_tenant(
+    sub, name: str, help: str, func, *, json_help: str = "one JSON object per tenant"
+) -> argparse.ArgumentParser:
+    """A command over every tenant or the ones named, in text or JSON."""
+    command = sub.add_parser(name, help=help)
+    command.add_argument("--tenant", action="append", help="this tenant (repeatable; default all)")
+    command.add_argument("--json", action="store_true", help=json_help)
+    command.set_defaults(func=func)
+    return command
+
+
+def _cadence_option(command: argparse.ArgumentParser, what: str) -> None:
+    command.add_argument(
+        "--cadence-hours",
+        type=float,
+        default=None,
+        help=f"{what} (default: OML_ERASURE_CADENCE_SECONDS, a day)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oml-lake", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -273,45 +293,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dr.set_defaults(func=cmd_drain)
 
-    ev = sub.add_parser("erasure-evidence", help="whether erased bodies left the lake in time")
-    ev.add_argument("--tenant", action="append", help="this tenant (repeatable; default all)")
-    ev.add_argument(
-        "--cadence-hours",
-        type=float,
-        default=None,
-        help="maintenance cadence allowed on top of the bound (default: "
-        "OML_ERASURE_CADENCE_SECONDS, a day)",
+    ev = _per_tenant(
+        sub,
+        "erasure-evidence",
+        "whether erased bodies left the lake in time",
+        cmd_erasure_evidence,
+        json_help="one JSON object per tenant, per erased version",
     )
-    ev.add_argument(
-        "--json", action="store_true", help="one JSON object per tenant, per erased version"
-    )
-    ev.set_defaults(func=cmd_erasure_evidence)
+    _cadence_option(ev, "maintenance cadence allowed on top of the bound")
 
-    rc = sub.add_parser(
-        "reconcile", help="every reconciler check of the lake against itself and the outbox"
+    rc = _per_tenant(
+        sub,
+        "reconcile",
+        "every reconciler check of the lake against itself and the outbox",
+        cmd_reconcile,
     )
-    rc.add_argument("--tenant", action="append", help="this tenant (repeatable; default all)")
-    rc.add_argument("--json", action="store_true", help="one JSON object per tenant")
     rc.add_argument("--samples", type=int, default=5, help="findings shown per failed check")
-    rc.set_defaults(func=cmd_reconcile)
 
-    dc = sub.add_parser("doctor", help="one screen per tenant: what needs an operator")
-    dc.add_argument("--tenant", action="append", help="this tenant (repeatable; default all)")
-    dc.add_argument("--json", action="store_true", help="one JSON object per tenant")
-    dc.add_argument(
-        "--cadence-hours",
-        type=float,
-        default=None,
-        help="maintenance cadence: an erasure within this of its deadline is at risk (default: "
-        "OML_ERASURE_CADENCE_SECONDS, a day)",
-    )
+    dc = _per_tenant(sub, "doctor", "one screen per tenant: what needs an operator", cmd_doctor)
+    _cadence_option(dc, "maintenance cadence: an erasure within this of its deadline is at risk")
     dc.add_argument(
         "--lag-seconds",
         type=float,
         default=DEFAULT_LAG_LIMIT.total_seconds(),
         help="drain lag beyond which an operator is needed",
     )
-    dc.set_defaults(func=cmd_doctor)
 
     dl = sub.add_parser("deadletter", help="refused ops").add_subparsers(
         dest="dl_command", required=True

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 
+from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.lake.storage import Lake, tenant_tables
 from oml_dagster.simulate import acts, producer
 
@@ -177,3 +178,35 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)
     return env
+
+
+def backfill_command(partitions: list[str], job: str = "lake_writer_job") -> list[str]:
+    """`dagster job backfill` of `job` over `partitions`, on the repository's workspace."""
+    return [
+        str(BIN / "dagster"),
+        "job",
+        "backfill",
+        "-w",
+        str(REPO / "workspace.yaml"),
+        "-j",
+        job,
+        "--partitions",
+        ",".join(partitions),
+        "--noprompt",
+    ]
+
+
+def materialize_partition(defs, instance, job: str, tenant_id: str):
+    """Run `job` in process for the tenant's partition: (its result, asset key -> metadata values
+    of its materializations, each checked to be of that partition)."""
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [tenant_id])
+    result = defs.resolve_job_def(job).execute_in_process(
+        partition_key=tenant_id, instance=instance
+    )
+    assert result.success
+    found = {}
+    for event in result.get_asset_materialization_events():
+        m = event.event_specific_data.materialization
+        assert m.partition == tenant_id
+        found[m.asset_key] = {k: v.value for k, v in m.metadata.items()}
+    return result, found

@@ -17,7 +17,6 @@ from dagster import AssetKey
 
 from oml_dagster import cli
 from oml_dagster.defs.analytics import ANALYTICS_KEYS
-from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.lake import analytics
 from oml_dagster.lake.storage import Lake, tenant_tables
 from oml_dagster.lake.writer import WriterConfig
@@ -25,6 +24,7 @@ from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.runner import run
 from oml_dagster.simulate.workload import WorkloadConfig
 
+from .dagster_support import materialize_partition
 from .helpers import drain_all, make_tree, new_id
 
 
@@ -125,16 +125,7 @@ def record(conn, lake, tenant) -> Record:
 
 
 def materialize_analytics(defs, instance, tenant_id: str):
-    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [tenant_id])
-    result = defs.resolve_job_def("lake_analytics_job").execute_in_process(
-        partition_key=tenant_id, instance=instance
-    )
-    assert result.success
-    found = {}
-    for event in result.get_asset_materialization_events():
-        m = event.event_specific_data.materialization
-        assert m.partition == tenant_id
-        found[m.asset_key] = {k: v.value for k, v in m.metadata.items()}
+    result, found = materialize_partition(defs, instance, "lake_analytics_job", tenant_id)
     assert sorted(found) == sorted(ANALYTICS_KEYS)
     checks = {
         e.asset_key: e for e in result.get_asset_check_evaluations()

@@ -19,7 +19,13 @@ from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.simulate import acts
 
 from .conftest import table_rows
-from .dagster_support import lake_snapshot, more_acts, seed_tenant, table_versions
+from .dagster_support import (
+    lake_snapshot,
+    materialize_partition,
+    more_acts,
+    seed_tenant,
+    table_versions,
+)
 
 LAKE_KEYS = ["bronze/events", "silver/claims", "gold/lineage", "gold/areas", "gold/curated"]
 NUMERIC = [
@@ -40,16 +46,8 @@ NUMERIC = [
 
 def materialize(defs, instance, tenant_id: str) -> dict[str, dict]:
     """Run lake_writer_job for the tenant; its materializations as key → metadata values."""
-    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [tenant_id])
-    result = defs.resolve_job_def("lake_writer_job").execute_in_process(
-        partition_key=tenant_id, instance=instance
-    )
-    assert result.success
-    found = {}
-    for event in result.get_asset_materialization_events():
-        m = event.event_specific_data.materialization
-        assert m.partition == tenant_id
-        found[m.asset_key.to_user_string()] = {k: v.value for k, v in m.metadata.items()}
+    _, by_key = materialize_partition(defs, instance, "lake_writer_job", tenant_id)
+    found = {key.to_user_string(): values for key, values in by_key.items()}
     assert sorted(found) == sorted([*LAKE_KEYS, "reconciler/erasure_evidence"])
     return {k: v for k, v in found.items() if k in LAKE_KEYS}
 

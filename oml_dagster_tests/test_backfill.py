@@ -13,6 +13,7 @@ from oml_dagster.lake.policy import lag
 from .dagster_support import (
     BIN,
     REPO,
+    backfill_command,
     background,
     dagster_home,
     delete_tenant_prefix,
@@ -72,18 +73,7 @@ def test_backfill_rebuilds_a_deleted_tenant_prefix(conn, lake, tmp_path, monkeyp
             delete_tenant_prefix(lake, lost.tenant_id)
 
             done = subprocess.run(
-                [
-                    str(BIN / "dagster"),
-                    "job",
-                    "backfill",
-                    "-w",
-                    str(REPO / "workspace.yaml"),
-                    "-j",
-                    "lake_writer_job",
-                    "--partitions",
-                    lost.tenant_id,
-                    "--noprompt",
-                ],
+                backfill_command([lost.tenant_id]),
                 cwd=REPO,
                 env=env,
                 capture_output=True,

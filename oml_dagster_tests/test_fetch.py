@@ -14,12 +14,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake import catalog, sequencer
+from oml_dagster.lake import catalog, sequencer, tables
 from oml_dagster.lake.bronze import checked_events, cleared_events
 from oml_dagster.lake.errors import RefusedOp
 from oml_dagster.lake.fetch import Fetcher
-from oml_dagster.lake.state import AppendWork, KeyedWork, TenantState
-from oml_dagster.lake.tables import GOLD_AREAS, GOLD_LINEAGE, SILVER_CLAIMS
 from oml_dagster.simulate import producer
 
 B32 = base64.b64encode(bytes(range(32))).decode()
@@ -86,20 +84,20 @@ def payload_edits(draw) -> dict:
     return chosen
 
 
-def _state(tenant_id: str, keys: dict[str, str]) -> TenantState:
-    return TenantState(
+def _state(tenant_id: str, keys: dict[str, str]) -> tables.TenantState:
+    return tables.TenantState(
         tenant_id=tenant_id,
-        bronze=AppendWork(txn=0),
-        silver=KeyedWork(SILVER_CLAIMS, 0),
-        lineage=KeyedWork(GOLD_LINEAGE, 0),
-        areas=KeyedWork(GOLD_AREAS, 0),
+        bronze=tables.AppendWork(txn=0),
+        silver=tables.KeyedWork(tables.SILVER_CLAIMS, 0),
+        lineage=tables.KeyedWork(tables.GOLD_LINEAGE, 0),
+        areas=tables.KeyedWork(tables.GOLD_AREAS, 0),
         curated={},
         bodies={},
         api_keys=keys,
     )
 
 
-def _catalog_verdict(seq, journal_seq, payload, state: TenantState):
+def _catalog_verdict(seq, journal_seq, payload, state: tables.TenantState):
     try:
         op = catalog.parse(seq, journal_seq, state.tenant_id, "journal.event", payload)
         catalog.check(op, state)

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from oml_dagster.lake import fields as f
+from oml_dagster.lake import catalog as f
 from oml_dagster.lake.errors import RefusedOp
 
 

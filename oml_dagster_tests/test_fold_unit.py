@@ -18,8 +18,14 @@ from hypothesis import strategies as st
 
 from oml_dagster.lake import catalog
 from oml_dagster.lake.errors import RefusedOp
-from oml_dagster.lake.state import AppendWork, KeyedWork, TenantState
-from oml_dagster.lake.tables import GOLD_AREAS, GOLD_LINEAGE, SILVER_CLAIMS
+from oml_dagster.lake.tables import (
+    GOLD_AREAS,
+    GOLD_LINEAGE,
+    SILVER_CLAIMS,
+    AppendWork,
+    KeyedWork,
+    TenantState,
+)
 from oml_dagster.simulate import acts
 from oml_dagster.simulate.producer import GENESIS_HASH, Event, TenantKeys, instant, journal_entry
 

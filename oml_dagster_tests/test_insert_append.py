@@ -139,7 +139,7 @@ def test_a_merge_narrowed_to_the_rows_boxes_finds_a_reassigned_claim_where_it_wa
 
 
 def test_the_target_filter_names_where_the_table_holds_each_updated_row():
-    from oml_dagster.lake.state import KeyedWork
+    from oml_dagster.lake.tables import KeyedWork
     from oml_dagster.lake.writer import MOST_TARGET_BOXES, _target_filter
 
     work = KeyedWork(SILVER_CLAIMS, txn=0)

@@ -21,6 +21,7 @@ from oml_dagster.lake.writer import drain_tenant
 from .dagster_support import (
     BIN,
     REPO,
+    backfill_command,
     background,
     dagster_home,
     fresh_database,
@@ -50,21 +51,6 @@ def deployment(tmp_path, dsn, lake, monkeypatch):
             instance.dispose()
 
 
-def backfill(env: dict, partitions: list[str], job: str = "lake_writer_job") -> list[str]:
-    return [
-        str(BIN / "dagster"),
-        "job",
-        "backfill",
-        "-w",
-        str(REPO / "workspace.yaml"),
-        "-j",
-        job,
-        "--partitions",
-        ",".join(partitions),
-        "--noprompt",
-    ]
-
-
 def overlap(a, b) -> bool:
     return a.start_time < b.end_time and b.start_time < a.end_time
 
@@ -79,7 +65,7 @@ def test_runs_of_one_tenant_never_overlap_while_two_tenants_do(conn, lake, deplo
     # tenant. Backfill runs carry dagster/partition like every other partitioned run.
     launches = [
         subprocess.Popen(
-            backfill(env, [a.tenant_id, b.tenant_id]),
+            backfill_command([a.tenant_id, b.tenant_id]),
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -143,7 +129,7 @@ def test_maintenance_and_drains_of_one_tenant_never_overlap(conn, lake, deployme
     jobs = ["compact_job", "lake_writer_job", "vacuum_job", "lake_writer_job", "zorder_job"]
     for job in jobs:
         done = subprocess.run(
-            backfill(env, [work.tenant_id], job),
+            backfill_command([work.tenant_id], job),
             cwd=REPO,
             env=env,
             capture_output=True,

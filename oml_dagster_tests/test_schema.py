@@ -11,12 +11,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from oml_dagster.lake import queries
 from oml_dagster.lake.tables import (
     BRONZE_EVENTS,
     GOLD_AREAS,
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
+    TableId,
     TableSpec,
 )
 from oml_dagster.simulate import acts
@@ -145,3 +147,17 @@ def test_written_tables_equal_the_spec(conn, lake, tenant, heading, spec: TableS
         assert got.nullable == field.nullable, field.name
         assert got.type.equals(field.type), (field.name, got.type, field.type)
     assert table.metadata().partition_columns == partitions
+
+
+def test_a_table_id_is_the_name_the_frontier_cache_and_the_run_metadata_store():
+    workarea = "00000000-0000-4000-8000-000000000001"
+    assert str(TableId(SILVER_CLAIMS.name)) == "silver.claims"
+    assert str(TableId.curated(workarea)) == f"gold.curated/{workarea}"
+    for spec in (BRONZE_EVENTS, SILVER_CLAIMS, GOLD_LINEAGE, GOLD_AREAS):
+        assert TableId.parse(spec.name) == TableId(spec.name)
+    parsed = TableId.parse(f"gold.curated/{workarea}")
+    assert (parsed.spec_name, parsed.workarea_id) == (GOLD_CURATED.name, workarea)
+    # The statements that leave curated tables out of a tenant's drained frontier match the
+    # curated names by their prefix.
+    prefix = f"NOT LIKE '{GOLD_CURATED.name}/%%'"
+    assert prefix in queries.PENDING_TENANTS and prefix in queries.TENANT_LAGS

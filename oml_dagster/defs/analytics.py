@@ -13,6 +13,7 @@ sensor's lake-writer runs (`docs/decisions/0019-analytics-assets.md`).
 """
 
 import datetime as dt
+import functools
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -40,6 +41,7 @@ from dagster import (
 
 from oml_dagster.lake import analytics
 from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.tables import DEMOTED, ERASED, HELD, PROMOTED
 
 from .assets import AREAS, BRONZE, CURATED, LINEAGE, OUTBOX, SILVER, TABLE_OF
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
@@ -97,12 +99,15 @@ def _partition_tenant(context: AssetExecutionContext | AssetCheckExecutionContex
 # --- the assets ----------------------------------------------------------------------------------
 
 
-@asset(
+# Every analytics asset: in the `analytics` group, one partition per tenant, computed by DuckDB.
+_analytics_asset = functools.partial(
+    asset, group_name="analytics", partitions_def=tenant_partitions, kinds={"duckdb"}
+)
+
+
+@_analytics_asset(
     key=EVENT_VOLUME,
     deps=[BRONZE],
-    group_name="analytics",
-    partitions_def=tenant_partitions,
-    kinds={"duckdb"},
     description="Bronze events per day, event_type and provenance.",
 )
 def event_volume(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
@@ -126,12 +131,9 @@ def event_volume(context: AssetExecutionContext, lake: LakeResource) -> Material
     )
 
 
-@asset(
+@_analytics_asset(
     key=LAKE_LAG,
     deps=[OUTBOX, BRONZE, SILVER, LINEAGE, AREAS, CURATED],
-    group_name="analytics",
-    partitions_def=tenant_partitions,
-    kinds={"duckdb"},
     description=(
         "Per table, how long each writer commit's oldest op waited in the outbox "
         "(commit time minus oml.outbox.created_at), over the commits the Delta log holds."
@@ -173,12 +175,9 @@ def lake_lag(
     return MaterializeResult(metadata=metadata)
 
 
-@asset(
+@_analytics_asset(
     key=CLAIMS_BY_STATE,
     deps=[SILVER, AREAS],
-    group_name="analytics",
-    partitions_def=tenant_partitions,
-    kinds={"duckdb"},
     description="Silver claims by state, workarea (path and status from gold.areas) and provenance.",
 )
 def claims_by_state(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
@@ -193,17 +192,14 @@ def claims_by_state(context: AssetExecutionContext, lake: LakeResource) -> Mater
         "claims_by_state": md_table(rows),
         "states": MetadataValue.json(states),
     }
-    for state in ("promoted", "held", "demoted", "erased"):
+    for state in (PROMOTED, HELD, DEMOTED, ERASED):
         metadata[f"claims_{state}"] = states.get(state, 0)
     return MaterializeResult(metadata=metadata)
 
 
-@asset(
+@_analytics_asset(
     key=LINEAGE_STATS,
     deps=[LINEAGE, SILVER],
-    group_name="analytics",
-    partitions_def=tenant_partitions,
-    kinds={"duckdb"},
     description=(
         "Lineage edges by graph, label and state; the longest derivation chains; and per "
         "simulation its taint closure in silver and the edges it marks."

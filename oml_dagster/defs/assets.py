@@ -25,7 +25,7 @@ from dagster import (
     multi_asset,
 )
 
-from oml_dagster.lake import deadletter
+from oml_dagster.lake import deadletter, queries
 from oml_dagster.lake.drain import DrainPass, drain
 from oml_dagster.lake.freshness import tenant_lag
 from oml_dagster.lake.policy import lag
@@ -36,6 +36,7 @@ from oml_dagster.lake.tables import (
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
+    TableId,
     TableSpec,
 )
 from oml_dagster.lake.writer import BatchResult, TableOutcome
@@ -141,22 +142,12 @@ def run_metadata(
     new_from = min(max((t.txn_before for t in r.tables), default=r.batch_end) for r in results)
     new_ops = 0
     if new_from < batch_end:
-        new_ops = conn.execute(
-            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND seq > %s AND seq <= %s",
-            (tenant_id, new_from, batch_end),
-        ).fetchone()[0]
+        new_ops = queries.ops_in(conn, tenant_id, new_from, batch_end)
     # Verdicts recorded by an earlier run of the same ops count too: a replay reuses them.
     refused = len(deadletter.refused_seqs(conn, tenant_id, new_from, batch_end))
     outcomes_of_run = [t for r in results for t in r.tables]
     # Where every table stands after the run (the run has just refreshed this cache).
-    frontier = {
-        name: (txn, version)
-        for name, txn, version in conn.execute(
-            "SELECT table_name, txn_version, table_version FROM oml.lake_frontier"
-            " WHERE tenant_id = %s",
-            (tenant_id,),
-        )
-    }
+    frontier = queries.frontier_versions(conn, tenant_id)
     # The tenant's lag after the run: a table's own lag above counts from its txn version, which
     # an idle table (no op of its kind) keeps for up to txn_lag_limit ops, drained or not.
     behind = tenant_lag(conn, tenant_id)
@@ -166,8 +157,10 @@ def run_metadata(
     }
     found: dict[AssetKey, dict] = {}
     for key, spec in TABLE_OF.items():
-        outcomes = [t for t in outcomes_of_run if _table_of(t.table) == spec.name]
-        tables = {n: state for n, state in frontier.items() if _table_of(n) == spec.name}
+        outcomes = [t for t in outcomes_of_run if TableId.parse(t.table).spec_name == spec.name]
+        tables = {
+            n: state for n, state in frontier.items() if TableId.parse(n).spec_name == spec.name
+        }
         meta: dict = {
             "rows_written": sum(t.rows for t in outcomes),
             # From each commit's own result (the MERGE's metrics), not a second log read.
@@ -192,18 +185,16 @@ def run_metadata(
         if spec is GOLD_CURATED:
             meta["curated_tables"] = len(tables)
             meta["table_versions"] = MetadataValue.json(
-                {name.split("/", 1)[1]: version for name, (_, version) in sorted(tables.items())}
+                {
+                    TableId.parse(name).workarea_id: version
+                    for name, (_, version) in sorted(tables.items())
+                }
             )
         elif tables.get(spec.name, (None, None))[1] is not None:
             meta["table_version"] = tables[spec.name][1]
             meta["table_uri"] = MetadataValue.path(lake.table_uri(tenant_id, spec))
         found[key] = meta
     return found
-
-
-def _table_of(name: str) -> str:
-    """The spec name of a table name (`gold.curated/<workarea>` → `gold.curated`)."""
-    return name.split("/", 1)[0]
 
 
 def _action(outcomes: list[TableOutcome]) -> str:

@@ -126,6 +126,14 @@ def reconciler(
         )
 
 
+def _evidence(read, context, postgres: PostgresResource, lake: LakeResource):
+    """(the maintenance cadence the erasure SLO allows, `read`'s evidence of the partition's
+    tenant under it): `read` is `erasure_evidence` or `erased_artifacts`."""
+    cadence = dt.timedelta(seconds=settings.erasure_cadence_seconds)
+    with postgres.connect() as conn:
+        return cadence, read(conn, lake.get_lake(), context.partition_key, cadence=cadence)
+
+
 @asset_check(
     asset=SILVER,
     name="erasure_slo_holds",
@@ -140,9 +148,7 @@ def reconciler(
 def erasure_slo_holds(
     context: AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
 ) -> AssetCheckResult:
-    cadence = dt.timedelta(seconds=settings.erasure_cadence_seconds)
-    with postgres.connect() as conn:
-        evidence = erasure_evidence(conn, lake.get_lake(), context.partition_key, cadence=cadence)
+    cadence, evidence = _evidence(erasure_evidence, context, postgres, lake)
     return AssetCheckResult(
         passed=evidence.ok,
         metadata={
@@ -174,9 +180,7 @@ def erasure_slo_holds(
 def erasure_evidence_asset(
     context: AssetExecutionContext, postgres: PostgresResource, lake: LakeResource
 ) -> MaterializeResult:
-    cadence = dt.timedelta(seconds=settings.erasure_cadence_seconds)
-    with postgres.connect() as conn:
-        evidence = erased_artifacts(conn, lake.get_lake(), context.partition_key, cadence=cadence)
+    cadence, evidence = _evidence(erased_artifacts, context, postgres, lake)
     report = evidence.as_dict()
     with_copies = [a for a in evidence.artifacts if a.copies]
     return MaterializeResult(

@@ -11,6 +11,7 @@ deployment vacuums within the erasure bound without being told to).
 """
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 
 from dagster import (
@@ -92,7 +93,7 @@ def _run(
     context: OpExecutionContext,
     postgres: PostgresResource,
     lake: LakeResource,
-    operation: str,
+    operation: maintenance.Operation,
     target_size: int | None = None,
 ) -> None:
     tenant_id = context.partition_key
@@ -103,78 +104,81 @@ def _run(
     _report(context, operation, results)
 
 
-@op(description="Bin-pack OPTIMIZE of every table of the tenant (bronze per day partition).")
-def compact_tables(
-    context: OpExecutionContext,
-    config: OptimizeConfig,
-    postgres: PostgresResource,
-    lake: LakeResource,
-) -> None:
-    _run(context, postgres, lake, maintenance.COMPACT, config.target_size)
+def _optimize_op(name: str, operation: maintenance.Operation, description: str):
+    """An OPTIMIZE step of one tenant's tables, its target file size from the run config."""
+
+    @op(name=name, description=description)
+    def optimize(
+        context: OpExecutionContext,
+        config: OptimizeConfig,
+        postgres: PostgresResource,
+        lake: LakeResource,
+    ) -> None:
+        _run(context, postgres, lake, operation, config.target_size)
+
+    return optimize
 
 
-@op(
-    description="Z-order OPTIMIZE: silver and curated on (workarea_id, artifact_id), lineage on src_id."
+def _step_op(name: str, operation: maintenance.Operation, description: str, *, after: bool):
+    """A maintenance step of one tenant's tables; `after`: it waits for the step before it."""
+
+    @op(name=name, description=description, ins={"after": In(Nothing)} if after else None)
+    def step(context: OpExecutionContext, postgres: PostgresResource, lake: LakeResource) -> None:
+        _run(context, postgres, lake, operation)
+
+    return step
+
+
+compact_tables = _optimize_op(
+    "compact_tables",
+    maintenance.COMPACT,
+    "Bin-pack OPTIMIZE of every table of the tenant (bronze per day partition).",
 )
-def zorder_tables(
-    context: OpExecutionContext,
-    config: OptimizeConfig,
-    postgres: PostgresResource,
-    lake: LakeResource,
-) -> None:
-    _run(context, postgres, lake, maintenance.ZORDER, config.target_size)
-
-
-@op(description="Checkpoint tables 100+ versions behind, or with expired commits after the last.")
-def checkpoint_tables(
-    context: OpExecutionContext, postgres: PostgresResource, lake: LakeResource
-) -> None:
-    _run(context, postgres, lake, maintenance.CHECKPOINT)
-
-
-@op(
-    ins={"after": In(Nothing)},
-    description="Retention properties = the tenant's erasure bound; full-listing VACUUM.",
+zorder_tables = _optimize_op(
+    "zorder_tables",
+    maintenance.ZORDER,
+    "Z-order OPTIMIZE: silver and curated on (workarea_id, artifact_id), lineage on src_id.",
 )
-def vacuum_tables(
-    context: OpExecutionContext, postgres: PostgresResource, lake: LakeResource
-) -> None:
-    _run(context, postgres, lake, maintenance.VACUUM)
-
-
-@op(
-    ins={"after": In(Nothing)},
-    description="Expire log entries and checkpoints older than the bound; verify the table reads.",
+checkpoint_tables = _step_op(
+    "checkpoint_tables",
+    maintenance.CHECKPOINT,
+    "Checkpoint tables 100+ versions behind, or with expired commits after the last.",
+    after=False,
 )
-def cleanup_logs(
-    context: OpExecutionContext, postgres: PostgresResource, lake: LakeResource
-) -> None:
-    _run(context, postgres, lake, maintenance.LOG_CLEANUP)
-
-
-@job(
-    partitions_def=tenant_partitions,
-    executor_def=in_process_executor,
-    description="Daily bin-pack OPTIMIZE of one tenant's tables.",
+vacuum_tables = _step_op(
+    "vacuum_tables",
+    maintenance.VACUUM,
+    "Retention properties = the tenant's erasure bound; full-listing VACUUM.",
+    after=True,
 )
+cleanup_logs = _step_op(
+    "cleanup_logs",
+    maintenance.LOG_CLEANUP,
+    "Expire log entries and checkpoints older than the bound; verify the table reads.",
+    after=True,
+)
+
+# Every maintenance job: one run per tenant partition, its steps in the run's own process.
+_tenant_job = functools.partial(
+    job, partitions_def=tenant_partitions, executor_def=in_process_executor
+)
+
+
+@_tenant_job(description="Daily bin-pack OPTIMIZE of one tenant's tables.")
 def compact_job():
     compact_tables()
 
 
-@job(
-    partitions_def=tenant_partitions,
-    executor_def=in_process_executor,
-    description="Weekly Z-order OPTIMIZE of one tenant's silver, curated and lineage tables.",
+@_tenant_job(
+    description="Weekly Z-order OPTIMIZE of one tenant's silver, curated and lineage tables."
 )
 def zorder_job():
     zorder_tables()
 
 
-@job(
-    partitions_def=tenant_partitions,
-    executor_def=in_process_executor,
+@_tenant_job(
     description="Daily checkpoint, VACUUM and log cleanup of one tenant's tables, with retention "
-    "= the tenant's lake erasure bound.",
+    "= the tenant's lake erasure bound."
 )
 def vacuum_job():
     cleanup_logs(after=vacuum_tables(after=checkpoint_tables()))

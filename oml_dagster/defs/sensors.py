@@ -24,7 +24,7 @@ from dagster import (
     sensor,
 )
 
-from oml_dagster.lake import sequencer
+from oml_dagster.lake import queries, sequencer
 from oml_dagster.lake.policy import known_tenants
 
 from .assets import OUTBOX
@@ -32,13 +32,6 @@ from .jobs import LAKE_ASSET_KEYS, lake_writer_job
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from .resources import PostgresResource, WriterResource, settings
 from .shards import IN_FLIGHT, PARTITION_TAG, SHARD_TAG, lake_writer_shard_job, shard_of, shard_tag
-
-# When each pending tenant's last drain finished (any table's frontier row is written by every
-# completed run, whatever it committed). One aggregate query over the pending tenants.
-_DRAINED_AT = """
-SELECT tenant_id::text, max(updated_at) FROM oml.lake_frontier
-WHERE tenant_id = ANY(%s::uuid[]) GROUP BY tenant_id
-"""
 
 
 def run_key(
@@ -129,7 +122,7 @@ def outbox_sensor(
         cut = sequencer.sequence(conn)
         pending = sequencer.pending_tenants(conn)
         pending_ids = {t for t, _, _ in pending}
-        drained_at = dict(conn.execute(_DRAINED_AT, (sorted(pending_ids),)).fetchall())
+        drained_at = queries.drained_at(conn, sorted(pending_ids))
         tenants = set(known_tenants(conn))
 
     # One listing of the partitions, through the tick's caching loader when it has one: Dagster

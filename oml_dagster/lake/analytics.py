@@ -30,6 +30,7 @@ import duckdb
 import psycopg
 import pyarrow as pa
 
+from . import queries
 from .errors import LakeError
 from .storage import Lake, tenant_tables
 from .tables import (
@@ -40,7 +41,9 @@ from .tables import (
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
+    TableId,
     TableSpec,
+    area_descendants,
 )
 
 # View name of each core table in a tenant's DuckDB connection.
@@ -182,7 +185,7 @@ def tenant_connection(lake: Lake, tenant_id: str, *, lockdown: bool = False) -> 
             _register(found, VIEW_OF[spec.name], spec.name, spec, spec_uri[1] if spec_uri else None)
         for name, (spec, uri) in sorted(existing.items()):
             if spec is GOLD_CURATED:
-                workarea_id = name.split("/", 1)[1]
+                workarea_id = TableId.parse(name).workarea_id
                 _register(found, curated_view(workarea_id), name, spec, uri)
         if lockdown:
             prefix = lake.tenant_uri(tenant_id).rstrip("/") + "/"
@@ -304,7 +307,7 @@ def second_reader_check(
         if view.uri is None:
             continue
         if wanted is not None and not (
-            view.table in wanted or view.table.split("/", 1)[0] in wanted
+            view.table in wanted or TableId.parse(view.table).spec_name in wanted
         ):
             continue
         table = lake.open(view.uri)
@@ -501,9 +504,7 @@ def lake_lag(
     oldest = {
         (lo, hi): at
         for lo, hi, at in conn.execute(
-            "SELECT b.lo, b.hi, min(o.created_at) FROM unnest(%s::bigint[], %s::bigint[])"
-            " AS b(lo, hi) JOIN oml.outbox o ON o.tenant_id = %s AND o.seq > b.lo"
-            " AND o.seq <= b.hi GROUP BY b.lo, b.hi",
+            queries.OLDEST_OP_PER_BATCH,
             ([lo for lo, _ in bounds], [hi for _, hi in bounds], tenant_id),
         )
     }
@@ -563,14 +564,8 @@ AREA_COLUMNS = (
     "created_at",
     "updated_at",
 )
-_SETTABLE = (
-    "parent_id",
-    "path",
-    "status",
-    "crew_name",
-    "crew_charter_uri",
-    "crew_external_manager",
-)
+# What an area event can set: every column but the key and the two instants.
+_SETTABLE = tuple(c for c in AREA_COLUMNS if c not in ("workarea_id", "created_at", "updated_at"))
 
 
 @dataclass
@@ -653,28 +648,6 @@ def replay_areas(
     return AreaReplay(as_of, areas, applied, last, skipped)
 
 
-def _children(areas: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-    children: dict[str, list[str]] = {}
-    for area in areas.values():
-        if area["parent_id"] is not None:
-            children.setdefault(area["parent_id"], []).append(area["workarea_id"])
-    return children
-
-
-def _descendants(areas: dict[str, dict[str, Any]], node: str) -> list[str]:
-    """The subtree below `node`, parents before children, each node once."""
-    children = _children(areas)
-    found, seen, stack = [], {node}, list(children.get(node, ()))
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        found.append(n)
-        stack.extend(children.get(n, ()))
-    return found
-
-
 _LADDER = {"development": 0, "committed": 1, "validated": 2}
 
 
@@ -704,14 +677,14 @@ def _apply_area_event(
             return "reparent of the root"
         if parent not in areas:
             return "reparent under an unknown parent"
-        if parent == node_id or parent in _descendants(areas, node_id):
+        if parent == node_id or parent in area_descendants(areas.values(), node_id):
             return "reparent under its own subtree"
         refusal = _path_refusal(areas, parent, payload["path"])
         if refusal:
             return refusal
         paths = {node_id: payload["path"]}
         areas[node_id] = dict(node, parent_id=parent, path=payload["path"], updated_at=at)
-        for child_id in _descendants(areas, node_id):
+        for child_id in area_descendants(areas.values(), node_id):
             child = areas[child_id]
             path = paths[child["parent_id"]] + "." + child["path"].rsplit(".", 1)[-1]
             paths[child_id] = path
@@ -809,10 +782,7 @@ def refused_area_acts(conn: psycopg.Connection, tenant_id: str) -> frozenset[int
     return frozenset(
         js
         for (js,) in conn.execute(
-            "SELECT o.journal_seq FROM oml.outbox o"
-            " LEFT JOIN oml.lake_dead_letter d ON d.seq = o.seq AND d.requeued_at IS NULL"
-            " WHERE o.tenant_id = %s AND o.op LIKE 'area.%%'"
-            " GROUP BY o.journal_seq HAVING bool_and(d.seq IS NOT NULL)",
+            queries.REFUSED_AREA_ACTS,
             (tenant_id,),
         )
     )

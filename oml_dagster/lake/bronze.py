@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pybase64
 
-from .fetch import EVENT_FIELDS
+from .queries import EVENT_FIELDS
 from .tables import BRONZE_EVENTS, PROVENANCES
 
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
@@ -61,7 +61,7 @@ class _Fields:
 
     def matches(self, name: str, pattern: str, json_type: str | None = None):
         """The field's text matches `pattern`; `json_type` is needed only where the text of a
-        value of another type could match (fetch.TYPED_FIELDS)."""
+        value of another type could match (queries.TYPED_FIELDS)."""
         match = pc.match_substring_regex(self.text(name), pattern)
         return _all(self.typed(name, json_type), match) if json_type else _false_if_null(match)
 

@@ -1,5 +1,6 @@
 """The op catalog (DESIGN §2): for each outbox op, its payload fields, the rules that refuse it,
-and what it does to each table. Adding an op is one `OpSpec` in `CATALOG`.
+and what it does to each table. Adding an op is one `OpSpec` in `CATALOG`; a new kind of field is
+one parser in the first section.
 
 Every op is handled in two steps. `parse` is stateless and runs for every op. `check` reads the
 tables as of the op and raises `RefusedOp`; it runs only while an op's verdict is still open
@@ -9,23 +10,218 @@ written to be harmless on a table that already holds the op's effect.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import fields as f
 from .errors import RefusedOp
-from .fields import Field
-from .state import Row, TenantState
 from .tables import (
     AREA_STATUSES,
     BODY_REFS,
+    CLAIM_STATES,
+    DEMOTED,
     EDGE_LABELS,
+    ERASED,
     GRAPHS,
+    HELD,
+    PROMOTED,
     PROVENANCES,
     SILVER_CLAIMS,
+    ClaimState,
+    Row,
+    TenantState,
+    area_descendants,
 )
+
+# --- payload fields ----------------------------------------------------------------------------
+# Each parser turns a JSON value into the lake's type or raises `RefusedOp` naming the field
+# (DESIGN §2: binaries base64, digests lowercase hex, instants RFC 3339 UTC).
+
+# \Z, not $: $ also matches before a final newline.
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+# RFC 3339 date-time (section 5.6): full date, "T", full time, fraction optional, offset required.
+# fromisoformat alone also takes ISO 8601 forms RFC 3339 does not (week dates, basic format).
+_RFC3339 = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
+)
+# One ltree label (PostgreSQL 15: letters, digits and underscores).
+_LTREE_LABEL = re.compile(r"^[A-Za-z0-9_]{1,256}\Z")
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fail(field: str, expected: str, value: Any) -> RefusedOp:
+    return RefusedOp(f"field '{field}': expected {expected}, got {_show(value)}")
+
+
+def text(field: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(field, "a non-empty string", value)
+    return value
+
+
+def uuid_text(field: str, value: Any) -> str:
+    # Exactly the strings str(uuid.UUID(value)) gives back unchanged: 8-4-4-4-12 lowercase hex.
+    if isinstance(value, str) and _UUID.match(value):
+        return value
+    raise _fail(field, "a UUID in lowercase text", value)
+
+
+def integer(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(field, "an integer", value)
+    return value
+
+
+def non_negative(field: str, value: Any) -> int:
+    number = integer(field, value)
+    if number < 0:
+        raise _fail(field, "an integer >= 0", value)
+    return number
+
+
+def positive(field: str, value: Any) -> int:
+    number = integer(field, value)
+    if number < 1:
+        raise _fail(field, "an integer >= 1", value)
+    return number
+
+
+def boolean(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(field, "true or false", value)
+    return value
+
+
+def instant(field: str, value: Any) -> dt.datetime:
+    if isinstance(value, str) and _RFC3339.match(value):
+        try:
+            parsed = dt.datetime.fromisoformat(value.upper())
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is not None:
+            return parsed.astimezone(dt.UTC)
+    raise _fail(field, "an RFC 3339 instant with a UTC offset", value)
+
+
+def b64(field: str, value: Any) -> bytes:
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    raise _fail(field, "base64 bytes", value)
+
+
+def b64_sized(size: int | None = None) -> Callable[[str, Any], bytes]:
+    """Non-empty base64 bytes, exactly `size` of them when given (chain hashes, signatures)."""
+
+    def parse(field: str, value: Any) -> bytes:
+        data = b64(field, value)
+        if not data or (size is not None and len(data) != size):
+            raise _fail(field, f"base64 of {size or 'at least 1'} bytes", value)
+        return data
+
+    return parse
+
+
+def ltree_path(field: str, value: Any) -> str:
+    """A workarea path: ltree labels joined by dots."""
+    if isinstance(value, str) and all(_LTREE_LABEL.match(label) for label in value.split(".")):
+        return value
+    raise _fail(field, "an ltree path (labels of letters, digits, _ joined by dots)", value)
+
+
+def hex_digest(field: str, value: Any) -> str:
+    if isinstance(value, str) and _HEX64.match(value):
+        return value
+    raise _fail(field, "a SHA-256 digest in lowercase hex", value)
+
+
+def json_text(field: str, value: Any) -> str:
+    text(field, value)
+    try:
+        json.loads(value)
+    except ValueError:
+        raise _fail(field, "JSON text", value) from None
+    return value
+
+
+def one_of(*allowed: str) -> Callable[[str, Any], str]:
+    def parse(field: str, value: Any) -> str:
+        if value not in allowed:
+            raise _fail(field, "one of " + "|".join(allowed), value)
+        return value
+
+    return parse
+
+
+def list_of(item: Callable[[str, Any], Any]) -> Callable[[str, Any], list]:
+    def parse(field: str, value: Any) -> list:
+        if not isinstance(value, list):
+            raise _fail(field, "a list", value)
+        return [item(f"{field}[{i}]", v) for i, v in enumerate(value)]
+
+    return parse
+
+
+def record(*fields: Field) -> Callable[[str, Any], dict]:
+    def parse(field: str, value: Any) -> dict:
+        if not isinstance(value, dict):
+            raise _fail(field, "an object", value)
+        return parse_fields(value, fields, prefix=f"{field}.", strict=True)
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    parse: Callable[[str, Any], Any]
+    required: bool = True
+    nullable: bool = False
+
+
+def unknown_fields(payload: dict, fields: tuple[Field, ...]) -> list[str]:
+    declared = {f.name for f in fields}
+    return sorted(name for name in payload if name not in declared)
+
+
+def parse_fields(
+    payload: dict, fields: tuple[Field, ...], prefix: str = "", strict: bool = False
+) -> dict:
+    """Parse the declared fields of `payload`; absent optional fields are left out. `strict`
+    refuses fields the declaration does not name."""
+    if strict and (unknown := unknown_fields(payload, fields)):
+        raise RefusedOp(f"unknown field(s) {', '.join(repr(prefix + n) for n in unknown)}")
+    out: dict[str, Any] = {}
+    for f in fields:
+        name = prefix + f.name
+        value = payload.get(f.name, _MISSING)
+        if value is _MISSING:
+            if f.required:
+                raise RefusedOp(f"field '{name}' is missing")
+            continue
+        if value is None:
+            if not f.nullable:
+                raise RefusedOp(f"field '{name}' must not be null")
+            out[f.name] = None
+            continue
+        out[f.name] = f.parse(name, value)
+    return out
+
+
+# --- ops --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -56,37 +252,37 @@ class OpSpec:
 
 # --- shared field sets -------------------------------------------------------------------------
 
-_ATTACHMENT = f.record(
-    Field("plaintext_digest", f.hex_digest),
-    Field("ciphertext_digest", f.hex_digest),
-    Field("media_type", f.text),
-    Field("size_bytes", f.non_negative),
+_ATTACHMENT = record(
+    Field("plaintext_digest", hex_digest),
+    Field("ciphertext_digest", hex_digest),
+    Field("media_type", text),
+    Field("size_bytes", non_negative),
 )
 
 # Every silver column that comes from the submission (all but tenant_id, state, body,
 # retracted_at, applied_seq, fold_seq).
 _SUBMISSION = (
-    Field("artifact_id", f.uuid_text),
-    Field("version", f.positive),
-    Field("claim_key", f.text),
-    Field("kind", f.text),
-    Field("workarea_id", f.uuid_text),
-    Field("workarea_path_at_write", f.ltree_path),
-    Field("writer_identity", f.text),
-    Field("principal", f.text),
-    Field("producer", f.text, required=False, nullable=True),
-    Field("provenance", f.one_of(*PROVENANCES)),
-    Field("simulation_id", f.uuid_text, required=False, nullable=True),
-    Field("sim_derived_ids", f.list_of(f.uuid_text), required=False, nullable=True),
-    Field("plaintext_digest", f.hex_digest),
-    Field("ciphertext_digest", f.hex_digest),
-    Field("body_ref", f.one_of(*BODY_REFS)),
-    Field("attachments", f.list_of(_ATTACHMENT), required=False, nullable=True),
-    Field("created_at", f.instant),
-    Field("promoted_at", f.instant),
+    Field("artifact_id", uuid_text),
+    Field("version", positive),
+    Field("claim_key", text),
+    Field("kind", text),
+    Field("workarea_id", uuid_text),
+    Field("workarea_path_at_write", ltree_path),
+    Field("writer_identity", text),
+    Field("principal", text),
+    Field("producer", text, required=False, nullable=True),
+    Field("provenance", one_of(*PROVENANCES)),
+    Field("simulation_id", uuid_text, required=False, nullable=True),
+    Field("sim_derived_ids", list_of(uuid_text), required=False, nullable=True),
+    Field("plaintext_digest", hex_digest),
+    Field("ciphertext_digest", hex_digest),
+    Field("body_ref", one_of(*BODY_REFS)),
+    Field("attachments", list_of(_ATTACHMENT), required=False, nullable=True),
+    Field("created_at", instant),
+    Field("promoted_at", instant),
 )
-_CLAIM_KEY = (Field("artifact_id", f.uuid_text), Field("version", f.positive))
-_AT = Field("at", f.instant)
+_CLAIM_KEY = (Field("artifact_id", uuid_text), Field("version", positive))
+_AT = Field("at", instant)
 
 
 def _claim_key(op: Op) -> tuple[str, int]:
@@ -142,21 +338,21 @@ def _tainted(row: Row) -> bool:
     return bool(row.get("simulation_id") or row.get("sim_derived_ids"))
 
 
-def _retracted(row: Row, new_state: str, at: dt.datetime) -> Row | None:
+def _retracted(row: Row, new_state: ClaimState, at: dt.datetime) -> Row | None:
     """The row after a demote or erase, or None when the row already made that move (or is
     erased, which is terminal)."""
     current = row["state"]
-    if current == "erased" or current == new_state:
+    if current in (ERASED, new_state):
         return None
-    if new_state == "demoted" and current not in ("promoted", "held"):
+    if new_state == DEMOTED and current not in (PROMOTED, HELD):
         return None
     changed = dict(row, state=new_state, retracted_at=at)
-    if new_state == "erased":
+    if new_state == ERASED:
         changed.update(body_ciphertext=None, attachments=None)
     return changed
 
 
-def _retract_everywhere(op: Op, state: TenantState, new_state: str) -> None:
+def _retract_everywhere(op: Op, state: TenantState, new_state: ClaimState) -> None:
     """A demote or erase: silver and, when the row's area is validated, its curated table, under
     the same op and so the same batch."""
     key = _claim_key(op)
@@ -189,22 +385,22 @@ def _curated_holding(state: TenantState, key, workarea_id: str | None):
 # --- journal.event -----------------------------------------------------------------------------
 
 _EVENT_FIELDS = (
-    Field("journal_seq", f.positive),
-    Field("event_id", f.uuid_text),
-    Field("event_type", f.text),
+    Field("journal_seq", positive),
+    Field("event_id", uuid_text),
+    Field("event_type", text),
     _AT,
-    Field("prev_hash", f.b64_sized(32)),
-    Field("hash", f.b64_sized(32)),
-    Field("sig", f.b64_sized(64)),
-    Field("signed_bytes", f.b64_sized()),
-    Field("payload", f.json_text),
-    Field("principal", f.text),
-    Field("api_key_id", f.text),
-    Field("artifact_id", f.uuid_text, required=False, nullable=True),
-    Field("version", f.positive, required=False, nullable=True),
-    Field("workarea_id", f.uuid_text, required=False, nullable=True),
-    Field("simulation_id", f.uuid_text, required=False, nullable=True),
-    Field("provenance", f.one_of(*PROVENANCES), required=False, nullable=True),
+    Field("prev_hash", b64_sized(32)),
+    Field("hash", b64_sized(32)),
+    Field("sig", b64_sized(64)),
+    Field("signed_bytes", b64_sized()),
+    Field("payload", json_text),
+    Field("principal", text),
+    Field("api_key_id", text),
+    Field("artifact_id", uuid_text, required=False, nullable=True),
+    Field("version", positive, required=False, nullable=True),
+    Field("workarea_id", uuid_text, required=False, nullable=True),
+    Field("simulation_id", uuid_text, required=False, nullable=True),
+    Field("provenance", one_of(*PROVENANCES), required=False, nullable=True),
 )
 
 
@@ -250,13 +446,13 @@ def _check_promote(op: Op, state: TenantState) -> None:
     row = state.silver.get(_claim_key(op))
     if row is not None:
         _check_fold_seq(op, row)
-        if row["state"] == "demoted":
+        if row["state"] == DEMOTED:
             raise RefusedOp(
                 f"claim.promote of a demoted row ({_describe(_claim_key(op))}): "
                 "promote a new version instead"
             )
         for digest in ("plaintext_digest", "ciphertext_digest"):
-            if row["state"] != "erased" and op.args[digest] != row[digest]:
+            if row["state"] != ERASED and op.args[digest] != row[digest]:
                 raise RefusedOp(
                     f"claim.promote of {_describe(_claim_key(op))} with another {digest} than "
                     "the row the lake holds: promote a new version instead"
@@ -265,7 +461,7 @@ def _check_promote(op: Op, state: TenantState) -> None:
         _known_area(op, state, op.args["workarea_id"])
     # A promotion that would change something (a new row, or a held row back to promoted)
     # lands a promoted row in its area: refused when that area is validated.
-    if row is None or row["state"] == "held":
+    if row is None or row["state"] == HELD:
         workarea_id = op.args["workarea_id"] if row is None else row["workarea_id"]
         if _area_status(state, workarea_id) == "validated":
             raise RefusedOp(
@@ -284,17 +480,17 @@ def _apply_promote(op: Op, state: TenantState) -> None:
         new = {name: op.args.get(name) for name in SILVER_CLAIMS.columns}
         new.update(
             tenant_id=state.tenant_id,
-            state="promoted",
+            state=PROMOTED,
             body_ciphertext=_body(op, state, op.args["body_ref"]),
             retracted_at=None,
             fold_seq=None,
         )
         state.silver.put(new, op.seq)
-    elif row["state"] == "held":
+    elif row["state"] == HELD:
         state.silver.put(
             dict(
                 row,
-                state="promoted",
+                state=PROMOTED,
                 body_ciphertext=_body(op, state, row["body_ref"]),
                 retracted_at=None,
             ),
@@ -307,22 +503,22 @@ def _check_retract(op: Op, state: TenantState) -> None:
 
 
 def _apply_demote(op: Op, state: TenantState) -> None:
-    _retract_everywhere(op, state, "demoted")
+    _retract_everywhere(op, state, DEMOTED)
 
 
 def _apply_erase(op: Op, state: TenantState) -> None:
-    _retract_everywhere(op, state, "erased")
+    _retract_everywhere(op, state, ERASED)
 
 
 def _check_reassign(op: Op, state: TenantState) -> None:
     row = _held_row(op, state)
-    if row["state"] == "erased":
+    if row["state"] == ERASED:
         return
     destination = op.args["workarea_id"]
     _known_area(op, state, destination)
     if (
         op.args["held"]
-        and row["state"] == "promoted"
+        and row["state"] == PROMOTED
         and _area_status(state, row["workarea_id"]) == "validated"
     ):
         raise RefusedOp(
@@ -343,20 +539,20 @@ def _check_reassign(op: Op, state: TenantState) -> None:
 
 def _apply_reassign(op: Op, state: TenantState) -> None:
     row = state.silver.get(_claim_key(op))
-    if row is None or row["state"] == "erased":
+    if row is None or row["state"] == ERASED:
         return
-    new_state = "held" if op.args["held"] and row["state"] == "promoted" else row["state"]
+    new_state = HELD if op.args["held"] and row["state"] == PROMOTED else row["state"]
     if new_state == row["state"] and op.args["workarea_id"] == row["workarea_id"]:
         return
     state.silver.put(dict(row, workarea_id=op.args["workarea_id"], state=new_state), op.seq)
 
 
 # The repaired row: every silver column except tenant_id, applied_seq and fold_seq.
-_REPAIR_ROW = f.record(
+_REPAIR_ROW = record(
     *_SUBMISSION,
-    Field("state", f.one_of("promoted", "demoted", "erased", "held")),
-    Field("body_ciphertext", f.b64, required=False, nullable=True),
-    Field("retracted_at", f.instant, required=False, nullable=True),
+    Field("state", one_of(*CLAIM_STATES)),
+    Field("body_ciphertext", b64, required=False, nullable=True),
+    Field("retracted_at", instant, required=False, nullable=True),
 )
 
 
@@ -372,9 +568,9 @@ def _validate_repair(args: dict[str, Any]) -> None:
 # Inside a validated area a repair may keep the row's state or retract it, as the status ladder
 # admits only demote and erase there; anything else would split silver from curated.
 _FROZEN_MOVES = {
-    "promoted": ("promoted", "demoted", "erased"),
-    "held": ("held", "demoted", "erased"),
-    "demoted": ("demoted", "erased"),
+    PROMOTED: (PROMOTED, DEMOTED, ERASED),
+    HELD: (HELD, DEMOTED, ERASED),
+    DEMOTED: (DEMOTED, ERASED),
 }
 
 
@@ -391,9 +587,9 @@ def _check_repair(op: Op, state: TenantState) -> None:
             f"claim.repair fold_seq {op.args['fold_seq']} is lower than the row's fold_seq "
             f"{row['fold_seq']} ({_describe(key)})"
         )
-    if row is not None and row["state"] == "erased":
+    if row is not None and row["state"] == ERASED:
         return  # erased is terminal: the repair changes nothing
-    if row is None and repaired["state"] == "held":
+    if row is None and repaired["state"] == HELD:
         raise RefusedOp(f"claim.repair would admit a held body ({_describe(key)})")
     destination = repaired["workarea_id"]
     status = _known_area(op, state, destination)
@@ -419,11 +615,11 @@ def _check_repair(op: Op, state: TenantState) -> None:
 def _apply_repair(op: Op, state: TenantState) -> None:
     key = _claim_key(op)
     current = state.silver.get(key)
-    if current is not None and current["state"] == "erased":
+    if current is not None and current["state"] == ERASED:
         return
     repaired = {name: op.args["row"].get(name) for name in SILVER_CLAIMS.columns}
     repaired.update(tenant_id=state.tenant_id, fold_seq=op.args["fold_seq"])
-    if repaired["state"] == "erased":
+    if repaired["state"] == ERASED:
         repaired.update(body_ciphertext=None, attachments=None)
     elif "body_ciphertext" not in op.args["row"]:
         repaired["body_ciphertext"] = _body(op, state, repaired["body_ref"])
@@ -431,7 +627,7 @@ def _apply_repair(op: Op, state: TenantState) -> None:
     # A row of a validated area lives in its curated table too: the same op changes both.
     for curated in _curated_holding(state, key, repaired["workarea_id"]):
         held = curated.get(key)
-        if held["state"] != "erased":
+        if held["state"] != ERASED:
             curated.put(dict(repaired, curated_at=held["curated_at"]), op.seq)
 
 
@@ -442,31 +638,31 @@ def _apply_simulation_end(op: Op, state: TenantState) -> None:
         tainted = op.args["demote_tainted"] and simulation_id in (row["sim_derived_ids"] or ())
         if row["simulation_id"] != simulation_id and not tainted:
             continue
-        if row["state"] not in ("promoted", "held"):
+        if row["state"] not in (PROMOTED, HELD):
             continue
         if row["fold_seq"] is not None and op.journal_seq <= row["fold_seq"]:
             continue  # a reconciler repair newer than this act owns the row
-        state.silver.put(dict(row, state="demoted", retracted_at=at), op.seq)
+        state.silver.put(dict(row, state=DEMOTED, retracted_at=at), op.seq)
     for edge in list(state.lineage.values()):
         if edge["simulation_id"] == simulation_id and edge["state"] == "ratified":
-            state.lineage.put(dict(edge, state="demoted"), op.seq)
+            state.lineage.put(dict(edge, state=DEMOTED), op.seq)
 
 
 # --- lineage -----------------------------------------------------------------------------------
 
 _EDGE_FIELDS = (
-    Field("edge_id", f.uuid_text),
-    Field("graph", f.one_of(*GRAPHS)),
-    Field("edge_label", f.text),
-    Field("src_id", f.uuid_text),
-    Field("src_version", f.positive, required=False, nullable=True),
-    Field("dst_id", f.uuid_text),
-    Field("dst_version", f.positive, required=False, nullable=True),
-    Field("proposer", f.text),
-    Field("ratifier", f.text),
-    Field("simulation_id", f.uuid_text, required=False, nullable=True),
-    Field("proposed_at", f.instant),
-    Field("ratified_at", f.instant),
+    Field("edge_id", uuid_text),
+    Field("graph", one_of(*GRAPHS)),
+    Field("edge_label", text),
+    Field("src_id", uuid_text),
+    Field("src_version", positive, required=False, nullable=True),
+    Field("dst_id", uuid_text),
+    Field("dst_version", positive, required=False, nullable=True),
+    Field("proposer", text),
+    Field("ratifier", text),
+    Field("simulation_id", uuid_text, required=False, nullable=True),
+    Field("proposed_at", instant),
+    Field("ratified_at", instant),
 )
 
 
@@ -529,19 +725,19 @@ def _check_edge_demote(op: Op, state: TenantState) -> None:
 def _apply_edge_demote(op: Op, state: TenantState) -> None:
     edge = state.lineage.get((op.args["edge_id"],))
     if edge is not None and edge["state"] == "ratified":
-        state.lineage.put(dict(edge, state="demoted"), op.seq)
+        state.lineage.put(dict(edge, state=DEMOTED), op.seq)
 
 
 # --- areas -------------------------------------------------------------------------------------
 
 _AREA_OPTIONAL = (
-    Field("parent_id", f.uuid_text, required=False, nullable=True),
-    Field("path", f.ltree_path, required=False),
-    Field("status", f.one_of(*AREA_STATUSES), required=False),
-    Field("crew_name", f.text, required=False, nullable=True),
-    Field("crew_charter_uri", f.text, required=False, nullable=True),
-    Field("crew_external_manager", f.text, required=False, nullable=True),
-    Field("created_at", f.instant, required=False),
+    Field("parent_id", uuid_text, required=False, nullable=True),
+    Field("path", ltree_path, required=False),
+    Field("status", one_of(*AREA_STATUSES), required=False),
+    Field("crew_name", text, required=False, nullable=True),
+    Field("crew_charter_uri", text, required=False, nullable=True),
+    Field("crew_external_manager", text, required=False, nullable=True),
+    Field("created_at", instant, required=False),
 )
 
 
@@ -620,24 +816,6 @@ def _apply_upsert(op: Op, state: TenantState) -> None:
         state.areas.put(dict(changed, updated_at=op.args["at"]), op.seq)
 
 
-def _descendants(state: TenantState, workarea_id: str) -> list[str]:
-    """The subtree below `workarea_id`, parents before children. Each node is visited once, so
-    a cycle already in gold.areas (written before cycles were refused) cannot hang the walk."""
-    children: dict[str, list[str]] = {}
-    for area in state.areas.values():
-        if area["parent_id"] is not None:
-            children.setdefault(area["parent_id"], []).append(area["workarea_id"])
-    found, seen, stack = [], {workarea_id}, list(children.get(workarea_id, ()))
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        found.append(node)
-        stack.extend(children.get(node, ()))
-    return found
-
-
 def _check_reparent(op: Op, state: TenantState) -> None:
     node, parent = op.args["workarea_id"], op.args["parent_id"]
     area = state.areas.get((node,))
@@ -647,7 +825,7 @@ def _check_reparent(op: Op, state: TenantState) -> None:
         raise RefusedOp(f"area.reparent of the root {node}: the root has no parent")
     if state.areas.get((parent,)) is None:
         raise RefusedOp(f"area.reparent under an unknown parent {parent}")
-    if parent == node or parent in _descendants(state, node):
+    if parent == node or parent in area_descendants(state.areas.values(), node):
         raise RefusedOp(f"area.reparent of {node} under its own subtree ({parent}) makes a cycle")
     _check_path(node, parent, op.args["path"], state)
 
@@ -662,7 +840,7 @@ def _apply_reparent(op: Op, state: TenantState) -> None:
         dict(node, parent_id=op.args["parent_id"], path=paths[node_id], updated_at=at), op.seq
     )
     # Descendants come parent-first from the walk; each keeps its own last label.
-    for child_id in _descendants(state, node_id):
+    for child_id in area_descendants(state.areas.values(), node_id):
         child = state.areas.get((child_id,))
         path = paths[child["parent_id"]] + "." + child["path"].rsplit(".", 1)[-1]
         paths[child_id] = path
@@ -685,9 +863,7 @@ def _check_validate(op: Op, state: TenantState) -> None:
     tainted = sorted(
         row["artifact_id"]
         for row in state.silver.values()
-        if row["workarea_id"] == workarea_id
-        and row["state"] in ("promoted", "held")
-        and _tainted(row)
+        if row["workarea_id"] == workarea_id and row["state"] in (PROMOTED, HELD) and _tainted(row)
     )
     if tainted:
         raise RefusedOp(
@@ -706,7 +882,7 @@ def _apply_validate(op: Op, state: TenantState) -> None:
         return  # created already: a table that exists is never created again
     curated = state.new_curated(workarea_id)
     for row in state.silver.values():
-        if row["workarea_id"] == workarea_id and row["state"] == "promoted":
+        if row["workarea_id"] == workarea_id and row["state"] == PROMOTED:
             # The validation's own instant: a rebuild from the outbox gives the same rows.
             curated.put(dict(row, curated_at=op.args["at"]), op.seq)
 
@@ -719,7 +895,7 @@ CATALOG: dict[str, OpSpec] = {
         OpSpec("journal.event", _EVENT_FIELDS, _apply_event, _check_event),
         OpSpec(
             "claim.promote",
-            (*_SUBMISSION, Field("self_signed", f.boolean)),
+            (*_SUBMISSION, Field("self_signed", boolean)),
             _apply_promote,
             _check_promote,
             _validate_promote,
@@ -728,32 +904,32 @@ CATALOG: dict[str, OpSpec] = {
         OpSpec("claim.erase", (*_CLAIM_KEY, _AT), _apply_erase, _check_retract),
         OpSpec(
             "claim.reassign",
-            (*_CLAIM_KEY, Field("workarea_id", f.uuid_text), Field("held", f.boolean), _AT),
+            (*_CLAIM_KEY, Field("workarea_id", uuid_text), Field("held", boolean), _AT),
             _apply_reassign,
             _check_reassign,
         ),
         OpSpec(
             "claim.repair",
-            (*_CLAIM_KEY, Field("fold_seq", f.positive), Field("row", _REPAIR_ROW)),
+            (*_CLAIM_KEY, Field("fold_seq", positive), Field("row", _REPAIR_ROW)),
             _apply_repair,
             _check_repair,
             _validate_repair,
         ),
         OpSpec(
             "simulation.end",
-            (Field("simulation_id", f.uuid_text), _AT, Field("demote_tainted", f.boolean)),
+            (Field("simulation_id", uuid_text), _AT, Field("demote_tainted", boolean)),
             _apply_simulation_end,
         ),
         OpSpec("edge.ratify", _EDGE_FIELDS, _apply_ratify, _check_ratify, _validate_edge),
         OpSpec(
             "edge.demote",
-            (Field("edge_id", f.uuid_text), _AT),
+            (Field("edge_id", uuid_text), _AT),
             _apply_edge_demote,
             _check_edge_demote,
         ),
         OpSpec(
             "area.upsert",
-            (Field("workarea_id", f.uuid_text), _AT, *_AREA_OPTIONAL),
+            (Field("workarea_id", uuid_text), _AT, *_AREA_OPTIONAL),
             _apply_upsert,
             _check_upsert,
             _validate_upsert,
@@ -761,9 +937,9 @@ CATALOG: dict[str, OpSpec] = {
         OpSpec(
             "area.reparent",
             (
-                Field("workarea_id", f.uuid_text),
-                Field("parent_id", f.uuid_text),
-                Field("path", f.ltree_path),
+                Field("workarea_id", uuid_text),
+                Field("parent_id", uuid_text),
+                Field("path", ltree_path),
                 _AT,
             ),
             _apply_reparent,
@@ -771,7 +947,7 @@ CATALOG: dict[str, OpSpec] = {
         ),
         OpSpec(
             "area.validate",
-            (Field("workarea_id", f.uuid_text), _AT),
+            (Field("workarea_id", uuid_text), _AT),
             _apply_validate,
             _check_validate,
         ),
@@ -798,11 +974,11 @@ def parse(
             f"wrong tenant: payload tenant_id {payload['tenant_id']!r} is not {tenant_id}"
         )
     try:
-        args = f.parse_fields(payload, spec.fields)
+        args = parse_fields(payload, spec.fields)
         spec.validate(args)
     except RefusedOp as refused:
         raise RefusedOp(f"{name}: {refused.reason}") from None
-    unknown = tuple(n for n in f.unknown_fields(payload, spec.fields) if n != "tenant_id")
+    unknown = tuple(n for n in unknown_fields(payload, spec.fields) if n != "tenant_id")
     return Op(seq, journal_seq, tenant_id, name, payload, args, unknown, origin_journal_seq)
 
 

@@ -10,9 +10,9 @@ import psycopg
 
 from oml_dagster.settings import PG_DSN
 
+from . import queries
+
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-# Serializes concurrent `db upgrade` runs (an arbitrary, project-owned key).
-_MIGRATION_LOCK = 0x6F6D6C00
 
 
 def dsn_from_env() -> str:
@@ -47,20 +47,16 @@ def upgrade(conn: psycopg.Connection) -> list[Migration]:
     """Apply every migration not yet applied, each in its own transaction; idempotent."""
     applied: list[Migration] = []
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-        conn.execute("CREATE SCHEMA IF NOT EXISTS oml")
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS oml.schema_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {row[0] for row in conn.execute("SELECT version FROM oml.schema_migrations")}
+        conn.execute(queries.ADVISORY_XACT_LOCK, (queries.MIGRATION_LOCK,))
+        conn.execute(queries.CREATE_SCHEMA)
+        conn.execute(queries.CREATE_MIGRATIONS_TABLE)
+        done = {row[0] for row in conn.execute(queries.APPLIED_MIGRATIONS)}
         for migration in migrations():
             if migration.version in done:
                 continue
             conn.execute(migration.sql)
             conn.execute(
-                "INSERT INTO oml.schema_migrations (version, name) VALUES (%s, %s)",
+                queries.RECORD_MIGRATION,
                 (migration.version, migration.name),
             )
             applied.append(migration)

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from . import queries
 from .errors import RequeueError
 
 
@@ -28,8 +29,7 @@ class DeadLetter:
 
 def record(conn, seq, tenant_id, journal_seq, op, payload, reason) -> None:
     conn.execute(
-        "INSERT INTO oml.lake_dead_letter (seq, tenant_id, journal_seq, op, payload, reason)"
-        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (seq) DO NOTHING",
+        queries.DEAD_LETTER_INSERT,
         (seq, tenant_id, journal_seq, op, Jsonb(payload), reason),
     )
 
@@ -40,8 +40,7 @@ def refused_seqs(
     if through <= after:
         return {}
     rows = conn.execute(
-        "SELECT seq, reason FROM oml.lake_dead_letter"
-        " WHERE tenant_id = %s AND seq > %s AND seq <= %s",
+        queries.REFUSED_IN,
         (tenant_id, after, through),
     ).fetchall()
     return dict(rows)
@@ -50,17 +49,14 @@ def refused_seqs(
 def list_dead_letters(
     conn: psycopg.Connection, tenant_id: str | None = None, include_requeued: bool = False
 ) -> list[DeadLetter]:
-    query = (
-        "SELECT seq, tenant_id::text, journal_seq, op, payload, reason, refused_at,"
-        " requeued_at, requeued_by, requeued_id FROM oml.lake_dead_letter WHERE true"
-    )
+    query = queries.DEAD_LETTERS_LIST
     params: list[Any] = []
     if tenant_id:
-        query += " AND tenant_id = %s"
+        query += queries.DEAD_LETTERS_OF_TENANT
         params.append(tenant_id)
     if not include_requeued:
-        query += " AND requeued_at IS NULL"
-    return [DeadLetter(*row) for row in conn.execute(query + " ORDER BY seq", params)]
+        query += queries.DEAD_LETTERS_OPEN
+    return [DeadLetter(*row) for row in conn.execute(query + queries.DEAD_LETTERS_ORDER, params)]
 
 
 def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) -> int:
@@ -69,8 +65,7 @@ def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) ->
     sequenced. Returns the new outbox id."""
     with conn.transaction():
         row = conn.execute(
-            "SELECT tenant_id, op, payload, requeued_at FROM oml.lake_dead_letter"
-            " WHERE seq = %s FOR UPDATE",
+            queries.DEAD_LETTER_FOR_REQUEUE,
             (seq,),
         ).fetchone()
         if row is None:
@@ -78,17 +73,13 @@ def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) ->
         tenant_id, op, stored, requeued_at = row
         if requeued_at is not None:
             raise RequeueError(f"dead letter {seq} was already re-enqueued at {requeued_at}")
-        last = conn.execute(
-            "SELECT last_journal_seq FROM oml.sequencer_tenant WHERE tenant_id = %s", (tenant_id,)
-        ).fetchone()
+        last = conn.execute(queries.LAST_JOURNAL_SEQ, (tenant_id,)).fetchone()
         new_id = conn.execute(
-            "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload)"
-            " VALUES (%s, %s, %s, %s) RETURNING id",
+            queries.REQUEUE_INTO_OUTBOX,
             (tenant_id, last[0], op, Jsonb(stored if payload is None else payload)),
         ).fetchone()[0]
         conn.execute(
-            "UPDATE oml.lake_dead_letter SET requeued_at = now(), requeued_by = %s,"
-            " requeued_id = %s WHERE seq = %s",
+            queries.MARK_REQUEUED,
             (by, new_id, seq),
         )
     return new_id

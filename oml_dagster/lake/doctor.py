@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from . import queries
 from .deltalog import last_checkpoint
 from .erasure import DEFAULT_CADENCE, ErasedArtifact, erased_artifacts
 from .policy import lag
@@ -109,8 +110,7 @@ def examine(
     drained_through = max(txns) if txns else 0
     health.lag_ops, health.lag_seconds = lag(conn, tenant_id, drained_through)
     health.dead_letters, health.dead_lettered_erases = conn.execute(
-        "SELECT count(*), count(*) FILTER (WHERE op = 'claim.erase') FROM oml.lake_dead_letter"
-        " WHERE tenant_id = %s AND requeued_at IS NULL",
+        queries.OPEN_DEAD_LETTER_COUNTS,
         (tenant_id,),
     ).fetchone()
     for result in reconcile(conn, lake, tenant_id).failed():

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Literal
 
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import deltalog
+from . import deltalog, queries
 from .policy import DEFAULT_CADENCE, erasure_bound
 from .storage import Lake, query, tenant_tables
 from .tables import GOLD_CURATED, SILVER_CLAIMS
@@ -205,10 +206,7 @@ class _Erase:
 
 def _erases(conn: psycopg.Connection, tenant_id: str) -> list[_Erase]:
     rows = conn.execute(
-        "SELECT o.id, o.seq, o.payload, o.created_at, d.seq IS NOT NULL,"
-        " d.seq IS NOT NULL AND d.requeued_at IS NULL, d.reason"
-        " FROM oml.outbox o LEFT JOIN oml.lake_dead_letter d ON d.seq = o.seq"
-        " WHERE o.tenant_id = %s AND o.op = 'claim.erase' ORDER BY o.id",
+        queries.ERASE_ACTS,
         (tenant_id,),
     ).fetchall()
     found = []
@@ -256,7 +254,22 @@ def _erased_in_silver(lake: Lake, tenant_id: str) -> set[tuple[str, int]]:
 
 # --- per erased claim version ------------------------------------------------------------------
 
-LIVE, SUPERSEDED, ORPHAN, LOG, CHECKPOINT = "live", "superseded", "orphan", "log", "checkpoint"
+# Where a copy of an erased ciphertext sits: a live data file, a data file a commit removed
+# (superseded), a file no commit names (orphan), a log entry, or a checkpoint.
+CopyClass = Literal["live", "superseded", "orphan", "log", "checkpoint"]
+LIVE: CopyClass = "live"
+SUPERSEDED: CopyClass = "superseded"
+ORPHAN: CopyClass = "orphan"
+LOG: CopyClass = "log"
+CHECKPOINT: CopyClass = "checkpoint"
+
+# applied: live silver shows it erased; dead-lettered: an open dead letter holds its erase;
+# refused: every erase of it was refused and none is open; pending: not yet applied.
+ErasureStatus = Literal["applied", "dead-lettered", "refused", "pending"]
+APPLIED: ErasureStatus = "applied"
+DEAD_LETTERED: ErasureStatus = "dead-lettered"
+REFUSED: ErasureStatus = "refused"
+PENDING: ErasureStatus = "pending"
 
 
 @dataclass(frozen=True)
@@ -265,7 +278,7 @@ class Copy:
     `expires_at`: when maintenance removes it at the latest (None for a live file: it stops
     holding the body when the erase applies)."""
 
-    copy_class: str
+    copy_class: CopyClass
     table: str
     path: str
     expires_at: dt.datetime | None
@@ -287,9 +300,7 @@ class ErasedArtifact:
     artifact_id: str
     version: int | None
     erased_at: dt.datetime
-    # applied: live silver shows it erased; dead-lettered: an open dead letter holds its erase;
-    # refused: every erase of it was refused and none is open; pending: not yet applied.
-    status: str
+    status: ErasureStatus
     applied_at: dt.datetime | None
     deadline: dt.datetime
     copies: list[Copy] = field(default_factory=list)
@@ -301,7 +312,7 @@ class ErasedArtifact:
     def at_risk(self, now: dt.datetime, margin: dt.timedelta) -> bool:
         """Dead-lettered (a breach in progress), or a copy left within `margin` of its deadline:
         only the next maintenance run stands between it and a breach."""
-        if self.status == "dead-lettered":
+        if self.status == DEAD_LETTERED:
             return True
         return bool(self.copies) and now + margin >= self.deadline
 
@@ -401,7 +412,7 @@ def erased_artifacts(
         erased_at = first.get(key)
         applied_at = None
         if key in in_lake:
-            status = "applied"
+            status = APPLIED
             seqs = [e.seq for e in of_key if e.seq is not None and not e.refused]
             if seqs:
                 applied_at = next((t for end, t in commits if end >= min(seqs)), None)
@@ -412,11 +423,11 @@ def erased_artifacts(
             deadline = applied_at + bound + cadence
         else:
             if any(e.open_dead_letter for e in of_key):
-                status = "dead-lettered"
+                status = DEAD_LETTERED
             elif of_key and all(e.refused for e in of_key):
-                status = "refused"
+                status = REFUSED
             else:
-                status = "pending"
+                status = PENDING
             deadline = erased_at + bound + cadence
         by_key[key] = ErasedArtifact(key[0], key[1], erased_at, status, applied_at, deadline)
     evidence.artifacts = list(by_key.values())

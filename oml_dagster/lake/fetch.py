@@ -1,7 +1,7 @@
 """Reading a batch of a tenant's outbox as Arrow columns (ADBC).
 
 For every `journal.event` row whose payload is a JSON object, the query returns each field as
-text (`->>`), the JSON type of the fields whose check needs it (`TYPED_FIELDS`), whether the
+text (`->>`), the JSON type of the fields whose check needs it (`queries.TYPED_FIELDS`), whether the
 object has fields the catalog does not declare, and whether the tenant owns its api key.
 `bronze.py` checks those columns and turns the rows that pass into bronze rows without a Python
 object per row. Every other row comes with its payload as JSON text for the catalog's per-op
@@ -19,76 +19,7 @@ from dataclasses import dataclass
 import psycopg
 import pyarrow as pa
 
-EVENT_FIELDS = (
-    "journal_seq",
-    "event_id",
-    "event_type",
-    "at",
-    "prev_hash",
-    "hash",
-    "sig",
-    "signed_bytes",
-    "payload",
-    "principal",
-    "api_key_id",
-    "artifact_id",
-    "version",
-    "workarea_id",
-    "simulation_id",
-    "provenance",
-)
-# The fields whose JSON type the checks need: a number's text ("1") passes the check of a string
-# field that only asks for non-empty text or base64, and a string's text passes the integer
-# pattern. No other value's text can match the remaining fields' patterns (a UUID, an instant,
-# a padded digest, a provenance word) unless it is a string, so their type is not fetched.
-TYPED_FIELDS = (
-    "journal_seq",
-    "version",
-    "event_type",
-    "signed_bytes",
-    "payload",
-    "principal",
-    "api_key_id",
-)
-_FIELDS = ",\n  ".join(
-    [f"k.p ->> '{name}' AS f_{name}" for name in EVENT_FIELDS]
-    + [f"jsonb_typeof(k.p -> '{name}') AS t_{name}" for name in TYPED_FIELDS]
-)
-_DECLARED = "{" + ",".join(EVENT_FIELDS) + "}"
-
-# $1 tenant, $2 the seq after which the batch starts, $3 most ops, $4 most payload bytes (the
-# first op is always taken, so a batch is never empty while ops are pending). The rows keep the
-# index's seq order from the scan to the output (no sort, no hash join): the dead letter an op
-# was requeued from is looked up by index, the api key's owner in a hashed list of the tenant's
-# keys.
-BATCH_SQL = f"""
-SELECT k.seq, k.journal_seq, k.op, k.event_object, k.followed,
-  (SELECT d.journal_seq FROM oml.lake_dead_letter d WHERE d.requeued_id = k.id)
-    AS origin_journal_seq,
-  k.tenant_id::text AS tenant_id,
-  CASE WHEN k.event_object THEN NULL ELSE k.p::text END AS payload_json,
-  CASE WHEN k.event_object THEN k.p - '{_DECLARED}'::text[] = '{{}}'::jsonb END AS declared_only,
-  CASE WHEN k.event_object THEN k.p ->> 'api_key_id' IN (
-    SELECT a.api_key_id FROM oml.api_keys a WHERE a.tenant_id = $1::uuid
-  ) END AS own_key,
-  {_FIELDS}
-FROM (
-  SELECT b.*, b.op = 'journal.event' AND jsonb_typeof(b.p) = 'object' AS event_object,
-    sum(pg_column_size(b.p)) OVER w AS cumulative_bytes,
-    row_number() OVER w AS n,
-    lead(b.seq) OVER w IS NOT NULL AS followed
-  FROM (
-    SELECT o.id, o.seq, o.tenant_id, o.journal_seq, o.op, o.payload AS p
-    FROM oml.outbox o
-    WHERE o.tenant_id = $1::uuid AND o.seq > $2 AND o.seq IS NOT NULL
-    ORDER BY o.seq
-    LIMIT $3
-  ) b
-  WINDOW w AS (ORDER BY b.seq)
-) k
-WHERE k.cumulative_bytes <= $4 OR k.n = 1
-ORDER BY k.seq
-"""
+from .queries import BATCH_SQL, FETCH_WORK_MEM
 
 
 @dataclass
@@ -136,8 +67,7 @@ class Fetcher:
         if self._adbc is None:
             self._adbc = adbc.connect(self._conninfo, autocommit=True)
             with self._adbc.cursor() as cur:
-                # A batch's window stays in memory (the default 4 MB spills to disk).
-                cur.execute("SET work_mem = '256MB'")
+                cur.execute(FETCH_WORK_MEM)
         with self._adbc.cursor() as cur:
             cur.execute(BATCH_SQL, parameters=(tenant_id, after, max_ops, max_bytes))
             return Batch(after, cur.fetch_arrow_table(), max_ops)

@@ -31,6 +31,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import psycopg
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
@@ -41,16 +42,22 @@ from .policy import erasure_bound
 from .storage import Lake, tenant_tables
 from .tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
 
+# One maintenance step on one table.
+Operation = Literal["compact", "zorder", "checkpoint", "vacuum", "log-cleanup", "properties"]
+COMPACT: Operation = "compact"
+ZORDER: Operation = "zorder"
+CHECKPOINT: Operation = "checkpoint"
+VACUUM: Operation = "vacuum"
+LOG_CLEANUP: Operation = "log-cleanup"
+PROPERTIES: Operation = "properties"
+# What a step did: it changed the table, or left it `unchanged`, or was `skipped`.
+Action = Literal[
+    "rewrote", "checkpointed", "vacuumed", "cleaned", "updated", "unchanged", "skipped"
+]
+
 # What one `oml-lake maintain <task>` (or one scheduled job) runs, in order.
-COMPACT, ZORDER, CHECKPOINT, VACUUM, LOG_CLEANUP, PROPERTIES = (
-    "compact",
-    "zorder",
-    "checkpoint",
-    "vacuum",
-    "log-cleanup",
-    "properties",
-)
-TASKS: dict[str, tuple[str, ...]] = {
+Task = Literal["compact", "zorder", "checkpoint", "vacuum", "all"]
+TASKS: dict[Task, tuple[Operation, ...]] = {
     "compact": (COMPACT,),
     "zorder": (ZORDER,),
     "checkpoint": (CHECKPOINT,),
@@ -68,8 +75,8 @@ class MaintenanceResult:
 
     tenant_id: str
     table: str
-    operation: str
-    action: str  # rewrote | checkpointed | vacuumed | cleaned | updated | unchanged | skipped
+    operation: Operation
+    action: Action
     scope: str
     files_before: int = 0
     files_after: int = 0
@@ -133,7 +140,7 @@ def _size(n: float) -> str:
     return f"{n:.1f} {unit}"
 
 
-def _commit_properties(tenant_id: str, operation: str) -> CommitProperties:
+def _commit_properties(tenant_id: str, operation: Operation) -> CommitProperties:
     # No app transaction: delta-rs would drop it on OPTIMIZE anyway, and a maintenance commit
     # must never move the writer's txn version.
     return CommitProperties(
@@ -178,18 +185,20 @@ class _Table:
     def listing(self) -> Listing:
         return list_files(self.lake.filesystem(self.uri))
 
-    def result(self, operation: str, action: str, scope: str, **fields) -> MaintenanceResult:
+    def result(
+        self, operation: Operation, action: Action, scope: str, **fields
+    ) -> MaintenanceResult:
         return MaintenanceResult(self.tenant_id, self.name, operation, action, scope, **fields)
 
 
-def _optimize(t: _Table, operation: str, target_size: int | None) -> MaintenanceResult:
+def _optimize(t: _Table, operation: Operation, target_size: int | None) -> MaintenanceResult:
     started = time.monotonic()
     table = t.open()
     before = live_files(table)
     version = table.version()
     scope = "live data files"
 
-    def untouched(status: str, detail: str) -> MaintenanceResult:
+    def untouched(status: Action, detail: str) -> MaintenanceResult:
         return t.result(
             operation,
             status,
@@ -497,12 +506,12 @@ def run_operation(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    operation: str,
+    operation: Operation,
     *,
     target_size: int | None = None,
 ) -> list[MaintenanceResult]:
     """One operation (COMPACT, ZORDER, CHECKPOINT, VACUUM or LOG_CLEANUP) for one tenant."""
-    steps: dict[str, Callable[[], list[MaintenanceResult]]] = {
+    steps: dict[Operation, Callable[[], list[MaintenanceResult]]] = {
         COMPACT: lambda: compact(lake, tenant_id, target_size=target_size),
         ZORDER: lambda: zorder(lake, tenant_id, target_size=target_size),
         CHECKPOINT: lambda: checkpoint(conn, lake, tenant_id),
@@ -518,7 +527,7 @@ def maintain(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    task: str = "all",
+    task: Task = "all",
     *,
     target_size: int | None = None,
 ) -> list[MaintenanceResult]:

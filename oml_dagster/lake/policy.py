@@ -11,33 +11,23 @@ import psycopg
 
 from oml_dagster.settings import ERASURE_CADENCE_SECONDS
 
+from . import queries
+
 # A tenant without a policy row gets this bound (oml.tenant_policy's own default).
 DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
 # The maintenance cadence the erasure SLO allows on top of the bound: a daily VACUUM.
 DEFAULT_CADENCE = dt.timedelta(seconds=ERASURE_CADENCE_SECONDS.default)
 
-# Every tenant Postgres knows: each has a policy row from its creation (DESIGN §2), and each
-# tenant that ever had an op sequenced has a sequencer row (covers ops enqueued without a policy).
-# The union is taken over uuids and sorted here: at 10,000 tenants that is about a third
-# cheaper than a union over text, and much cheaper than ORDER BY under a locale collation.
-_KNOWN_TENANTS = """
-SELECT tenant_id::text FROM (
-    SELECT tenant_id FROM oml.tenant_policy UNION SELECT tenant_id FROM oml.sequencer_tenant
-) known
-"""
-
 
 def known_tenants(conn: psycopg.Connection) -> list[str]:
     """Every tenant the policy table or the sequencer knows, in id order: the tenants the command
     line, maintenance and the sensor's partitions cover when none is named."""
-    return sorted(t for (t,) in conn.execute(_KNOWN_TENANTS))
+    return sorted(t for (t,) in conn.execute(queries.KNOWN_TENANTS))
 
 
 def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:
     """The tenant's `lake_erasure_bound`; DEFAULT_ERASURE_BOUND without a policy row."""
-    row = conn.execute(
-        "SELECT lake_erasure_bound FROM oml.tenant_policy WHERE tenant_id = %s", (tenant_id,)
-    ).fetchone()
+    row = conn.execute(queries.ERASURE_BOUND, (tenant_id,)).fetchone()
     return row[0] if row else DEFAULT_ERASURE_BOUND
 
 
@@ -49,7 +39,7 @@ def erasure_cadence() -> dt.timedelta:
 def lag(conn: psycopg.Connection, tenant_id: str, drained_through: int) -> tuple[int, float]:
     """(ops sequenced but not drained, seconds since the oldest of them was written)."""
     count, oldest = conn.execute(
-        "SELECT count(*), min(created_at) FROM oml.outbox WHERE tenant_id = %s AND seq > %s",
+        queries.OUTBOX_LAG,
         (tenant_id, drained_through),
     ).fetchone()
     seconds = (dt.datetime.now(dt.UTC) - oldest).total_seconds() if oldest else 0.0

@@ -46,9 +46,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from deltalake import DeltaTable
 
-from . import catalog
+from . import catalog, queries
 from .errors import RefusedOp
-from .state import AppendWork, KeyedWork, TenantState
 from .storage import Lake, read_rows, tenant_tables
 from .tables import (
     APP_ID,
@@ -56,9 +55,15 @@ from .tables import (
     GOLD_AREAS,
     GOLD_CURATED,
     GOLD_LINEAGE,
+    PROMOTED,
     SILVER_CLAIMS,
+    AppendWork,
+    KeyedWork,
+    TableId,
     TableSpec,
+    TenantState,
 )
+from .tables import ERASED as ERASED_STATE
 
 GENESIS_HASH = bytes(32)
 SAMPLE = 5
@@ -201,7 +206,7 @@ class _Table:
 
     @property
     def workarea_id(self) -> str | None:
-        return self.name.split("/", 1)[1] if "/" in self.name else None
+        return TableId.parse(self.name).workarea_id
 
 
 class LakeSnapshot:
@@ -264,7 +269,7 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
     cache = {
         name: (batch_end, txn)
         for name, batch_end, txn in conn.execute(
-            "SELECT table_name, batch_end, txn_version FROM oml.lake_frontier WHERE tenant_id = %s",
+            queries.FRONTIER_BATCH_ENDS,
             (tenant_id,),
         )
     }
@@ -288,8 +293,7 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
     for name, (_, cached) in cache.items():
         if name in in_lake or cached == 0:
             continue
-        spec_name = name.split("/", 1)[0]
-        result = results.get(spec_name)
+        result = results.get(TableId.parse(name).spec_name)
         if result is None:
             continue
         result.checked += 1
@@ -307,7 +311,7 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
 
 def public_keys(conn: psycopg.Connection) -> dict[str, tuple[str, bytes]]:
     """api_key_id -> (owning tenant, raw Ed25519 public key), from oml.api_keys."""
-    rows = conn.execute("SELECT api_key_id, tenant_id::text, public_key FROM oml.api_keys")
+    rows = conn.execute(queries.PUBLIC_KEYS)
     return {key_id: (tenant_id, bytes(pub)) for key_id, tenant_id, pub in rows}
 
 
@@ -412,7 +416,7 @@ def check_erased(snapshot: LakeSnapshot, spec: TableSpec) -> CheckResult:
     result = CheckResult(spec.name, ERASED, snapshot.tenant_id)
     for t in snapshot.of(spec):
         for row in t.rows:
-            if row["state"] != "erased":
+            if row["state"] != ERASED_STATE:
                 continue
             result.checked += 1
             kept = [c for c in ("body_ciphertext", "attachments") if row[c] is not None]
@@ -493,8 +497,7 @@ def check_bodies(snapshot: LakeSnapshot) -> CheckResult:
 def check_dead_letters(conn: psycopg.Connection, tenant_id: str) -> CheckResult:
     result = CheckResult(SILVER_CLAIMS.name, DEAD_LETTERS, tenant_id)
     rows = conn.execute(
-        "SELECT seq, op, payload, reason, refused_at FROM oml.lake_dead_letter"
-        " WHERE tenant_id = %s AND requeued_at IS NULL ORDER BY seq",
+        queries.OPEN_DEAD_LETTERS,
         (tenant_id,),
     ).fetchall()
     for seq, op, payload, reason, refused_at in rows:
@@ -534,7 +537,7 @@ class _BodyPresence(dict):
 
 def _stored_bodies(conn: psycopg.Connection, tenant_id: str) -> set[tuple[str, int]]:
     rows = conn.execute(
-        "SELECT artifact_id::text, version FROM oml.claim_bodies WHERE tenant_id = %s",
+        queries.STORED_BODIES,
         (tenant_id,),
     )
     return {(a, v) for a, v in rows}
@@ -578,7 +581,7 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
     refused = {
         seq
         for (seq,) in conn.execute(
-            "SELECT seq FROM oml.lake_dead_letter WHERE tenant_id = %s AND seq <= %s",
+            queries.REFUSED_THROUGH,
             (tenant_id, last),
         )
     }
@@ -592,8 +595,7 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
 
     cursor = conn.cursor()
     for seq, journal_seq, name, payload in cursor.stream(
-        "SELECT seq, journal_seq, op, payload FROM oml.outbox"
-        " WHERE tenant_id = %s AND seq IS NOT NULL AND seq <= %s ORDER BY seq",
+        queries.OUTBOX_THROUGH,
         (tenant_id, last),
     ):
         take_through(seq)
@@ -737,7 +739,7 @@ def check_curated(snapshot: LakeSnapshot) -> CheckResult:
             row = rows[0]
             if (
                 row["workarea_id"] == t.workarea_id
-                and row["state"] == "promoted"
+                and row["state"] == PROMOTED
                 and key not in curated_keys
             ):
                 result.add(

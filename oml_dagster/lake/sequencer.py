@@ -15,52 +15,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-# Serializes sequencer runs (an arbitrary, project-owned key).
-SEQUENCER_LOCK = 0x6F6D6C01
-
-# One statement: take each tenant's first pending rows up to its quota (the partial index
-# outbox_unsequenced hands them over in order, so a cut reads about `limit` rows however long
-# the backlog), keep the contiguous run, cap it fairly across tenants (round-robin by position
-# in the run), number it after the current maximum seq.
-_ASSIGN = """
-WITH pending AS (
-    SELECT o.id, o.tenant_id, o.journal_seq,
-           COALESCE(t.last_journal_seq,
-                    min(o.journal_seq) OVER (PARTITION BY o.tenant_id) - 1) AS base
-    FROM unnest(%(tenants)s::uuid[], %(quotas)s::bigint[]) AS q(tenant_id, quota)
-    CROSS JOIN LATERAL (
-        SELECT id, tenant_id, journal_seq FROM oml.outbox
-        WHERE tenant_id = q.tenant_id AND seq IS NULL
-        ORDER BY journal_seq, id
-        LIMIT q.quota
-    ) o
-    LEFT JOIN oml.sequencer_tenant t ON t.tenant_id = o.tenant_id
-), ranked AS (
-    SELECT id, tenant_id, journal_seq, base,
-           dense_rank() OVER (PARTITION BY tenant_id, journal_seq <= base
-                              ORDER BY journal_seq) AS step
-    FROM pending
-), run AS (
-    SELECT id, tenant_id, journal_seq,
-           row_number() OVER (PARTITION BY tenant_id ORDER BY journal_seq, id) AS pos
-    FROM ranked
-    WHERE journal_seq <= base OR journal_seq - step = base
-), capped AS (
-    SELECT id, tenant_id, journal_seq, pos FROM run
-    ORDER BY pos, tenant_id
-    LIMIT %(limit)s
-), numbered AS (
-    SELECT id, tenant_id, journal_seq,
-           %(start)s + row_number() OVER (ORDER BY tenant_id, journal_seq, id) AS seq
-    FROM capped
-)
-UPDATE oml.outbox o SET seq = n.seq, sequenced_at = clock_timestamp()
-FROM numbered n WHERE o.id = n.id
-RETURNING n.tenant_id::text, n.journal_seq, n.seq
-"""
-
-# Pending rows per tenant: an index-only scan of outbox_unsequenced.
-_PENDING = "SELECT tenant_id::text, count(*) FROM oml.outbox WHERE seq IS NULL GROUP BY tenant_id"
+from . import queries
 
 
 def quotas(pending: dict[str, int], limit: int) -> dict[str, int]:
@@ -75,15 +30,6 @@ def quotas(pending: dict[str, int], limit: int) -> dict[str, int]:
             out[tenant_id] = take
             left -= take
     return out
-
-
-_WAITING = """
-SELECT o.tenant_id::text, count(*), min(o.journal_seq), min(o.created_at),
-       max(t.last_journal_seq)
-FROM oml.outbox o LEFT JOIN oml.sequencer_tenant t ON t.tenant_id = o.tenant_id
-WHERE o.seq IS NULL
-GROUP BY o.tenant_id
-"""
 
 
 @dataclass
@@ -140,17 +86,17 @@ def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
     """Run one cut; commits its own transaction."""
     report = SequencerReport()
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SEQUENCER_LOCK,))
+        conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
         # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
-        start = conn.execute("SELECT COALESCE(max(seq), 0) FROM oml.outbox").fetchone()[0]
-        shares = quotas(dict(conn.execute(_PENDING).fetchall()), limit)
+        start = conn.execute(queries.MAX_SEQ).fetchone()[0]
+        shares = quotas(dict(conn.execute(queries.SEQUENCE_PENDING).fetchall()), limit)
         params = {
             "tenants": list(shares),
             "quotas": list(shares.values()),
             "limit": limit,
             "start": start,
         }
-        assigned = conn.execute(_ASSIGN, params).fetchall() if shares else []
+        assigned = conn.execute(queries.SEQUENCE_ASSIGN, params).fetchall() if shares else []
         for tenant_id, journal_seq, seq in assigned:
             cut = report.tenants.setdefault(tenant_id, TenantCut(tenant_id))
             cut.sequenced += 1
@@ -159,14 +105,13 @@ def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
             cut.last_journal_seq = max(cut.last_journal_seq or 0, journal_seq)
         for cut in report.tenants.values():
             conn.execute(
-                "INSERT INTO oml.sequencer_tenant (tenant_id, last_journal_seq, last_seq)"
-                " VALUES (%s, %s, %s) ON CONFLICT (tenant_id) DO UPDATE SET"
-                " last_journal_seq = GREATEST(oml.sequencer_tenant.last_journal_seq,"
-                " EXCLUDED.last_journal_seq), last_seq = EXCLUDED.last_seq, updated_at = now()",
+                queries.SEQUENCER_TENANT_UPSERT,
                 (cut.tenant_id, cut.last_journal_seq, cut.last_seq),
             )
-        now = conn.execute("SELECT clock_timestamp()").fetchone()[0]
-        for tenant_id, count, min_journal, oldest, last_journal in conn.execute(_WAITING):
+        now = conn.execute(queries.CLOCK).fetchone()[0]
+        for tenant_id, count, min_journal, oldest, last_journal in conn.execute(
+            queries.UNSEQUENCED_BY_TENANT
+        ):
             if last_journal is not None and min_journal > last_journal + 1:
                 report.gaps.append(
                     Gap(tenant_id, count, last_journal + 1, oldest, (now - oldest).total_seconds())
@@ -205,16 +150,9 @@ def pending_tenants(
 ) -> list[tuple[str, int, int]]:
     """Tenants with sequenced ops beyond what the frontier cache says is drained, as
     (tenant_id, last_seq, drained_through). One aggregate query, whatever the tenant count."""
-    query = """
-        SELECT s.tenant_id::text, s.last_seq, COALESCE(f.drained, 0)
-        FROM oml.sequencer_tenant s
-        LEFT JOIN (SELECT tenant_id, min(batch_end) AS drained FROM oml.lake_frontier
-                   WHERE table_name NOT LIKE 'gold.curated/%%' GROUP BY tenant_id) f
-          ON f.tenant_id = s.tenant_id
-        WHERE s.last_seq > COALESCE(f.drained, 0)
-    """
+    query = queries.PENDING_TENANTS
     params: list = []
     if tenant_ids:
-        query += " AND s.tenant_id = ANY(%s::uuid[])"
+        query += queries.PENDING_TENANTS_OF
         params.append(tenant_ids)
-    return [tuple(r) for r in conn.execute(query + " ORDER BY s.tenant_id", params)]
+    return [tuple(r) for r in conn.execute(query + queries.PENDING_TENANTS_ORDER, params)]

@@ -33,7 +33,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from oml_dagster.settings import FOLD_TIMEOUT_SECONDS, MAX_BATCH
 
-from . import catalog, deadletter
+from . import catalog, deadletter, queries
 from .bronze import checked_events, cleared_events
 from .catalog import Op
 from .errors import (
@@ -45,7 +45,6 @@ from .errors import (
 )
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
-from .state import AppendWork, KeyedWork, TenantState
 from .storage import Lake, OpenTables, query, rows_with, sql_text
 from .tables import (
     APP_ID,
@@ -55,7 +54,10 @@ from .tables import (
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
+    AppendWork,
+    KeyedWork,
     TableSpec,
+    TenantState,
     writer_properties,
 )
 from .watchdog import Watchdog
@@ -151,9 +153,7 @@ def _handle(
 
 def _payloads(conn: psycopg.Connection, seqs: list[int]) -> dict[int, dict]:
     """The payloads of ops the fetch sent as columns that the catalog must fold after all."""
-    rows = conn.execute(
-        "SELECT seq, payload FROM oml.outbox WHERE seq = ANY(%s)", (seqs,)
-    ).fetchall()
+    rows = conn.execute(queries.OUTBOX_PAYLOADS, (seqs,)).fetchall()
     return dict(rows)
 
 
@@ -162,9 +162,7 @@ def _bodies(conn: psycopg.Connection, tenant_id: str, keys: set[tuple[str, int]]
         return {}
     artifacts, versions = zip(*sorted(keys), strict=True)
     rows = conn.execute(
-        "SELECT b.artifact_id::text, b.version, b.body_ciphertext FROM oml.claim_bodies b"
-        " JOIN unnest(%s::uuid[], %s::bigint[]) AS k(artifact_id, version)"
-        " ON b.artifact_id = k.artifact_id AND b.version = k.version WHERE b.tenant_id = %s",
+        queries.BODIES_OF,
         (list(artifacts), list(versions), tenant_id),
     ).fetchall()
     return {(a, v): bytes(body) for a, v, body in rows}
@@ -174,16 +172,14 @@ def _api_keys(conn: psycopg.Connection, key_ids: set[str]) -> dict[str, str]:
     if not key_ids:
         return {}
     rows = conn.execute(
-        "SELECT api_key_id, tenant_id::text FROM oml.api_keys WHERE api_key_id = ANY(%s)",
+        queries.API_KEY_OWNERS,
         (sorted(key_ids),),
     ).fetchall()
     return dict(rows)
 
 
 def decided_through(conn: psycopg.Connection, tenant_id: str) -> int:
-    row = conn.execute(
-        "SELECT decided_through FROM oml.lake_verdicts WHERE tenant_id = %s", (tenant_id,)
-    ).fetchone()
+    row = conn.execute(queries.DECIDED_THROUGH, (tenant_id,)).fetchone()
     return row[0] if row else 0
 
 
@@ -739,10 +735,7 @@ def _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end) -> None
             _, journal_seq, name, payload, _ = by_seq[seq]
             deadletter.record(conn, seq, tenant_id, journal_seq, name, payload, reason)
         conn.execute(
-            "INSERT INTO oml.lake_verdicts (tenant_id, decided_through) VALUES (%s, %s)"
-            " ON CONFLICT (tenant_id) DO UPDATE SET decided_through ="
-            " GREATEST(oml.lake_verdicts.decided_through, EXCLUDED.decided_through),"
-            " updated_at = now()",
+            queries.VERDICTS_UPSERT,
             (tenant_id, batch_end),
         )
     stored = deadletter.refused_seqs(conn, tenant_id, decided, batch_end)
@@ -758,12 +751,7 @@ def _update_frontier(conn, tenant_id: str, handles: dict[str, _Handle], batch_en
     with conn.transaction():
         for h in handles.values():
             conn.execute(
-                "INSERT INTO oml.lake_frontier"
-                " (tenant_id, table_name, batch_end, txn_version, table_version)"
-                " VALUES (%s, %s, %s, %s, %s)"
-                " ON CONFLICT (tenant_id, table_name) DO UPDATE SET"
-                " batch_end = EXCLUDED.batch_end, txn_version = EXCLUDED.txn_version,"
-                " table_version = EXCLUDED.table_version, updated_at = now()",
+                queries.FRONTIER_UPSERT,
                 (
                     tenant_id,
                     h.name,

@@ -1,0 +1,371 @@
+"""Every statement the lake-writer runs against schema `oml` (DESIGN §2), by the table it reads
+or writes: migrations, the sequencer, the outbox batch fetch, verdicts, the frontier cache, dead
+letters, policies, bodies and api keys, and the reads of the reconciler, the erasure evidence and
+the analytics. The core, the Dagster layer and the command line run these and no other SQL on
+`oml`; the simulator (`oml_dagster.simulate`) plays the producer and keeps its own.
+
+psycopg statements take `%s` / `%(name)s` parameters (a literal `%` is `%%`); the batch fetch
+runs over ADBC and takes `$1`..`$4`. This module imports nothing of the lake.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import psycopg
+
+# --- migrations (db.py) ------------------------------------------------------------------------
+
+# Serializes concurrent `db upgrade` runs (an arbitrary, project-owned key).
+MIGRATION_LOCK = 0x6F6D6C00
+ADVISORY_XACT_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS oml"
+CREATE_MIGRATIONS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS oml.schema_migrations ("
+    " version integer PRIMARY KEY, name text NOT NULL,"
+    " applied_at timestamptz NOT NULL DEFAULT now())"
+)
+APPLIED_MIGRATIONS = "SELECT version FROM oml.schema_migrations"
+RECORD_MIGRATION = "INSERT INTO oml.schema_migrations (version, name) VALUES (%s, %s)"
+
+# --- the sequencer (sequencer.py) --------------------------------------------------------------
+
+# Serializes sequencer runs (an arbitrary, project-owned key).
+SEQUENCER_LOCK = 0x6F6D6C01
+MAX_SEQ = "SELECT COALESCE(max(seq), 0) FROM oml.outbox"
+CLOCK = "SELECT clock_timestamp()"
+
+# One statement: take each tenant's first pending rows up to its quota (the partial index
+# outbox_unsequenced hands them over in order, so a cut reads about `limit` rows however long
+# the backlog), keep the contiguous run, cap it fairly across tenants (round-robin by position
+# in the run), number it after the current maximum seq.
+SEQUENCE_ASSIGN = """
+WITH pending AS (
+    SELECT o.id, o.tenant_id, o.journal_seq,
+           COALESCE(t.last_journal_seq,
+                    min(o.journal_seq) OVER (PARTITION BY o.tenant_id) - 1) AS base
+    FROM unnest(%(tenants)s::uuid[], %(quotas)s::bigint[]) AS q(tenant_id, quota)
+    CROSS JOIN LATERAL (
+        SELECT id, tenant_id, journal_seq FROM oml.outbox
+        WHERE tenant_id = q.tenant_id AND seq IS NULL
+        ORDER BY journal_seq, id
+        LIMIT q.quota
+    ) o
+    LEFT JOIN oml.sequencer_tenant t ON t.tenant_id = o.tenant_id
+), ranked AS (
+    SELECT id, tenant_id, journal_seq, base,
+           dense_rank() OVER (PARTITION BY tenant_id, journal_seq <= base
+                              ORDER BY journal_seq) AS step
+    FROM pending
+), run AS (
+    SELECT id, tenant_id, journal_seq,
+           row_number() OVER (PARTITION BY tenant_id ORDER BY journal_seq, id) AS pos
+    FROM ranked
+    WHERE journal_seq <= base OR journal_seq - step = base
+), capped AS (
+    SELECT id, tenant_id, journal_seq, pos FROM run
+    ORDER BY pos, tenant_id
+    LIMIT %(limit)s
+), numbered AS (
+    SELECT id, tenant_id, journal_seq,
+           %(start)s + row_number() OVER (ORDER BY tenant_id, journal_seq, id) AS seq
+    FROM capped
+)
+UPDATE oml.outbox o SET seq = n.seq, sequenced_at = clock_timestamp()
+FROM numbered n WHERE o.id = n.id
+RETURNING n.tenant_id::text, n.journal_seq, n.seq
+"""
+
+# Pending rows per tenant: an index-only scan of outbox_unsequenced.
+SEQUENCE_PENDING = (
+    "SELECT tenant_id::text, count(*) FROM oml.outbox WHERE seq IS NULL GROUP BY tenant_id"
+)
+
+SEQUENCER_TENANT_UPSERT = (
+    "INSERT INTO oml.sequencer_tenant (tenant_id, last_journal_seq, last_seq)"
+    " VALUES (%s, %s, %s) ON CONFLICT (tenant_id) DO UPDATE SET"
+    " last_journal_seq = GREATEST(oml.sequencer_tenant.last_journal_seq,"
+    " EXCLUDED.last_journal_seq), last_seq = EXCLUDED.last_seq, updated_at = now()"
+)
+
+# Rows still unsequenced after a cut, per tenant, with the tenant's last sequenced journal_seq.
+UNSEQUENCED_BY_TENANT = """
+SELECT o.tenant_id::text, count(*), min(o.journal_seq), min(o.created_at),
+       max(t.last_journal_seq)
+FROM oml.outbox o LEFT JOIN oml.sequencer_tenant t ON t.tenant_id = o.tenant_id
+WHERE o.seq IS NULL
+GROUP BY o.tenant_id
+"""
+
+# Tenants with sequenced ops beyond what the frontier cache says is drained (every core table:
+# curated tables are left out). `PENDING_TENANTS_OF` narrows it; `PENDING_TENANTS_ORDER` ends it.
+PENDING_TENANTS = """
+        SELECT s.tenant_id::text, s.last_seq, COALESCE(f.drained, 0)
+        FROM oml.sequencer_tenant s
+        LEFT JOIN (SELECT tenant_id, min(batch_end) AS drained FROM oml.lake_frontier
+                   WHERE table_name NOT LIKE 'gold.curated/%%' GROUP BY tenant_id) f
+          ON f.tenant_id = s.tenant_id
+        WHERE s.last_seq > COALESCE(f.drained, 0)
+    """
+PENDING_TENANTS_OF = " AND s.tenant_id = ANY(%s::uuid[])"
+PENDING_TENANTS_ORDER = " ORDER BY s.tenant_id"
+
+# --- the batch fetch (fetch.py, over ADBC) -----------------------------------------------------
+
+EVENT_FIELDS = (
+    "journal_seq",
+    "event_id",
+    "event_type",
+    "at",
+    "prev_hash",
+    "hash",
+    "sig",
+    "signed_bytes",
+    "payload",
+    "principal",
+    "api_key_id",
+    "artifact_id",
+    "version",
+    "workarea_id",
+    "simulation_id",
+    "provenance",
+)
+# The fields whose JSON type the checks need: a number's text ("1") passes the check of a string
+# field that only asks for non-empty text or base64, and a string's text passes the integer
+# pattern. No other value's text can match the remaining fields' patterns (a UUID, an instant,
+# a padded digest, a provenance word) unless it is a string, so their type is not fetched.
+TYPED_FIELDS = (
+    "journal_seq",
+    "version",
+    "event_type",
+    "signed_bytes",
+    "payload",
+    "principal",
+    "api_key_id",
+)
+_FIELDS = ",\n  ".join(
+    [f"k.p ->> '{name}' AS f_{name}" for name in EVENT_FIELDS]
+    + [f"jsonb_typeof(k.p -> '{name}') AS t_{name}" for name in TYPED_FIELDS]
+)
+_DECLARED = "{" + ",".join(EVENT_FIELDS) + "}"
+
+# $1 tenant, $2 the seq after which the batch starts, $3 most ops, $4 most payload bytes (the
+# first op is always taken, so a batch is never empty while ops are pending). The rows keep the
+# index's seq order from the scan to the output (no sort, no hash join): the dead letter an op
+# was requeued from is looked up by index, the api key's owner in a hashed list of the tenant's
+# keys.
+BATCH_SQL = f"""
+SELECT k.seq, k.journal_seq, k.op, k.event_object, k.followed,
+  (SELECT d.journal_seq FROM oml.lake_dead_letter d WHERE d.requeued_id = k.id)
+    AS origin_journal_seq,
+  k.tenant_id::text AS tenant_id,
+  CASE WHEN k.event_object THEN NULL ELSE k.p::text END AS payload_json,
+  CASE WHEN k.event_object THEN k.p - '{_DECLARED}'::text[] = '{{}}'::jsonb END AS declared_only,
+  CASE WHEN k.event_object THEN k.p ->> 'api_key_id' IN (
+    SELECT a.api_key_id FROM oml.api_keys a WHERE a.tenant_id = $1::uuid
+  ) END AS own_key,
+  {_FIELDS}
+FROM (
+  SELECT b.*, b.op = 'journal.event' AND jsonb_typeof(b.p) = 'object' AS event_object,
+    sum(pg_column_size(b.p)) OVER w AS cumulative_bytes,
+    row_number() OVER w AS n,
+    lead(b.seq) OVER w IS NOT NULL AS followed
+  FROM (
+    SELECT o.id, o.seq, o.tenant_id, o.journal_seq, o.op, o.payload AS p
+    FROM oml.outbox o
+    WHERE o.tenant_id = $1::uuid AND o.seq > $2 AND o.seq IS NOT NULL
+    ORDER BY o.seq
+    LIMIT $3
+  ) b
+  WINDOW w AS (ORDER BY b.seq)
+) k
+WHERE k.cumulative_bytes <= $4 OR k.n = 1
+ORDER BY k.seq
+"""
+# A batch's window stays in memory (the default 4 MB spills to disk).
+FETCH_WORK_MEM = "SET work_mem = '256MB'"
+
+# --- the outbox --------------------------------------------------------------------------------
+
+# The payloads of ops the fetch sent as columns that the catalog must fold after all.
+OUTBOX_PAYLOADS = "SELECT seq, payload FROM oml.outbox WHERE seq = ANY(%s)"
+OUTBOX_COUNT_IN = "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND seq > %s AND seq <= %s"
+# The read-only fold's stream of a tenant's sequenced ops (the reconciler).
+OUTBOX_THROUGH = (
+    "SELECT seq, journal_seq, op, payload FROM oml.outbox"
+    " WHERE tenant_id = %s AND seq IS NOT NULL AND seq <= %s ORDER BY seq"
+)
+# A tenant's erase acts with their dead letter, if any (the erasure evidence).
+ERASE_ACTS = (
+    "SELECT o.id, o.seq, o.payload, o.created_at, d.seq IS NOT NULL,"
+    " d.seq IS NOT NULL AND d.requeued_at IS NULL, d.reason"
+    " FROM oml.outbox o LEFT JOIN oml.lake_dead_letter d ON d.seq = o.seq"
+    " WHERE o.tenant_id = %s AND o.op = 'claim.erase' ORDER BY o.id"
+)
+# The oldest op of a tenant in each batch (lo, hi] (the analytics' lake lag).
+OLDEST_OP_PER_BATCH = (
+    "SELECT b.lo, b.hi, min(o.created_at) FROM unnest(%s::bigint[], %s::bigint[])"
+    " AS b(lo, hi) JOIN oml.outbox o ON o.tenant_id = %s AND o.seq > b.lo"
+    " AND o.seq <= b.hi GROUP BY b.lo, b.hi"
+)
+# journal_seqs of acts none of whose area ops the writer applied (areas-at's replay).
+REFUSED_AREA_ACTS = (
+    "SELECT o.journal_seq FROM oml.outbox o"
+    " LEFT JOIN oml.lake_dead_letter d ON d.seq = o.seq AND d.requeued_at IS NULL"
+    " WHERE o.tenant_id = %s AND o.op LIKE 'area.%%'"
+    " GROUP BY o.journal_seq HAVING bool_and(d.seq IS NOT NULL)"
+)
+
+# --- bodies and api keys -----------------------------------------------------------------------
+
+BODIES_OF = (
+    "SELECT b.artifact_id::text, b.version, b.body_ciphertext FROM oml.claim_bodies b"
+    " JOIN unnest(%s::uuid[], %s::bigint[]) AS k(artifact_id, version)"
+    " ON b.artifact_id = k.artifact_id AND b.version = k.version WHERE b.tenant_id = %s"
+)
+STORED_BODIES = "SELECT artifact_id::text, version FROM oml.claim_bodies WHERE tenant_id = %s"
+API_KEY_OWNERS = "SELECT api_key_id, tenant_id::text FROM oml.api_keys WHERE api_key_id = ANY(%s)"
+PUBLIC_KEYS = "SELECT api_key_id, tenant_id::text, public_key FROM oml.api_keys"
+
+# --- verdicts ----------------------------------------------------------------------------------
+
+DECIDED_THROUGH = "SELECT decided_through FROM oml.lake_verdicts WHERE tenant_id = %s"
+VERDICTS_UPSERT = (
+    "INSERT INTO oml.lake_verdicts (tenant_id, decided_through) VALUES (%s, %s)"
+    " ON CONFLICT (tenant_id) DO UPDATE SET decided_through ="
+    " GREATEST(oml.lake_verdicts.decided_through, EXCLUDED.decided_through),"
+    " updated_at = now()"
+)
+
+# --- the frontier cache ------------------------------------------------------------------------
+
+FRONTIER_UPSERT = (
+    "INSERT INTO oml.lake_frontier"
+    " (tenant_id, table_name, batch_end, txn_version, table_version)"
+    " VALUES (%s, %s, %s, %s, %s)"
+    " ON CONFLICT (tenant_id, table_name) DO UPDATE SET"
+    " batch_end = EXCLUDED.batch_end, txn_version = EXCLUDED.txn_version,"
+    " table_version = EXCLUDED.table_version, updated_at = now()"
+)
+FRONTIER_BATCH_ENDS = (
+    "SELECT table_name, batch_end, txn_version FROM oml.lake_frontier WHERE tenant_id = %s"
+)
+FRONTIER_VERSIONS = (
+    "SELECT table_name, txn_version, table_version FROM oml.lake_frontier WHERE tenant_id = %s"
+)
+# When each tenant's last drain finished (any table's frontier row is written by every completed
+# run, whatever it committed). One aggregate query over the tenants named.
+DRAINED_AT = """
+SELECT tenant_id::text, max(updated_at) FROM oml.lake_frontier
+WHERE tenant_id = ANY(%s::uuid[]) GROUP BY tenant_id
+"""
+
+# Each tenant's lag (freshness.py). Only tenants with something waiting come back: a tenant whose
+# sequencer row is drained and that has no unsequenced row is fresh (lag 0). The per-tenant
+# lateral scan reads the (tenant_id, seq) index from drained_through up: the waiting rows, not the
+# tenant's history. The three filters are empty, or `TENANT_LAGS_OF`'s for some tenants.
+TENANT_LAGS = """
+WITH drained AS (
+    SELECT tenant_id, min(batch_end) AS drained FROM oml.lake_frontier
+    WHERE table_name NOT LIKE 'gold.curated/%%' {frontier_filter} GROUP BY tenant_id
+), sequenced AS (
+    SELECT s.tenant_id, s.last_seq, COALESCE(d.drained, 0) AS drained, w.ops, w.oldest
+    FROM oml.sequencer_tenant s
+    LEFT JOIN drained d ON d.tenant_id = s.tenant_id
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS ops, min(o.created_at) AS oldest FROM oml.outbox o
+        WHERE o.tenant_id = s.tenant_id AND o.seq > COALESCE(d.drained, 0)
+    ) w
+    WHERE s.last_seq > COALESCE(d.drained, 0) {sequencer_filter}
+), unsequenced AS (
+    SELECT tenant_id, count(*) AS ops, min(created_at) AS oldest
+    FROM oml.outbox WHERE seq IS NULL {outbox_filter} GROUP BY tenant_id
+)
+SELECT COALESCE(s.tenant_id, u.tenant_id)::text, s.last_seq, COALESCE(s.drained, f.drained, 0),
+       COALESCE(s.ops, 0), COALESCE(u.ops, 0), LEAST(s.oldest, u.oldest),
+       greatest(extract(epoch FROM clock_timestamp() - LEAST(s.oldest, u.oldest)), 0)::float8
+FROM sequenced s
+FULL JOIN unsequenced u ON u.tenant_id = s.tenant_id
+LEFT JOIN drained f ON f.tenant_id = COALESCE(s.tenant_id, u.tenant_id)
+"""
+TENANT_LAGS_ALL = {"frontier_filter": "", "sequencer_filter": "", "outbox_filter": ""}
+TENANT_LAGS_OF = {
+    "frontier_filter": "AND tenant_id = ANY(%s::uuid[])",
+    "sequencer_filter": "AND s.tenant_id = ANY(%s::uuid[])",
+    "outbox_filter": "AND tenant_id = ANY(%s::uuid[])",
+}
+
+# --- dead letters ------------------------------------------------------------------------------
+
+DEAD_LETTER_INSERT = (
+    "INSERT INTO oml.lake_dead_letter (seq, tenant_id, journal_seq, op, payload, reason)"
+    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (seq) DO NOTHING"
+)
+REFUSED_IN = (
+    "SELECT seq, reason FROM oml.lake_dead_letter WHERE tenant_id = %s AND seq > %s AND seq <= %s"
+)
+REFUSED_THROUGH = "SELECT seq FROM oml.lake_dead_letter WHERE tenant_id = %s AND seq <= %s"
+# `DEAD_LETTERS_LIST` takes `DEAD_LETTERS_OF_TENANT` and `DEAD_LETTERS_OPEN` as it is asked, then
+# `DEAD_LETTERS_ORDER`.
+DEAD_LETTERS_LIST = (
+    "SELECT seq, tenant_id::text, journal_seq, op, payload, reason, refused_at,"
+    " requeued_at, requeued_by, requeued_id FROM oml.lake_dead_letter WHERE true"
+)
+DEAD_LETTERS_OF_TENANT = " AND tenant_id = %s"
+DEAD_LETTERS_OPEN = " AND requeued_at IS NULL"
+DEAD_LETTERS_ORDER = " ORDER BY seq"
+OPEN_DEAD_LETTERS = (
+    "SELECT seq, op, payload, reason, refused_at FROM oml.lake_dead_letter"
+    " WHERE tenant_id = %s AND requeued_at IS NULL ORDER BY seq"
+)
+OPEN_DEAD_LETTER_COUNTS = (
+    "SELECT count(*), count(*) FILTER (WHERE op = 'claim.erase') FROM oml.lake_dead_letter"
+    " WHERE tenant_id = %s AND requeued_at IS NULL"
+)
+DEAD_LETTER_FOR_REQUEUE = (
+    "SELECT tenant_id, op, payload, requeued_at FROM oml.lake_dead_letter WHERE seq = %s FOR UPDATE"
+)
+LAST_JOURNAL_SEQ = "SELECT last_journal_seq FROM oml.sequencer_tenant WHERE tenant_id = %s"
+REQUEUE_INTO_OUTBOX = (
+    "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload)"
+    " VALUES (%s, %s, %s, %s) RETURNING id"
+)
+MARK_REQUEUED = (
+    "UPDATE oml.lake_dead_letter SET requeued_at = now(), requeued_by = %s,"
+    " requeued_id = %s WHERE seq = %s"
+)
+
+# --- policies ----------------------------------------------------------------------------------
+
+# Every tenant Postgres knows: each has a policy row from its creation (DESIGN §2), and each
+# tenant that ever had an op sequenced has a sequencer row (covers ops enqueued without a policy).
+# The union is taken over uuids and sorted by the caller: at 10,000 tenants that is about a third
+# cheaper than a union over text, and much cheaper than ORDER BY under a locale collation.
+KNOWN_TENANTS = """
+SELECT tenant_id::text FROM (
+    SELECT tenant_id FROM oml.tenant_policy UNION SELECT tenant_id FROM oml.sequencer_tenant
+) known
+"""
+ERASURE_BOUND = "SELECT lake_erasure_bound FROM oml.tenant_policy WHERE tenant_id = %s"
+# (ops sequenced above a seq, the oldest one's created_at) of a tenant.
+OUTBOX_LAG = "SELECT count(*), min(created_at) FROM oml.outbox WHERE tenant_id = %s AND seq > %s"
+
+
+# --- small reads the Dagster layer runs --------------------------------------------------------
+
+
+def ops_in(conn: psycopg.Connection, tenant_id: str, after: int, through: int) -> int:
+    """How many of the tenant's outbox rows have a seq in (after, through]."""
+    return conn.execute(OUTBOX_COUNT_IN, (tenant_id, after, through)).fetchone()[0]
+
+
+def frontier_versions(conn: psycopg.Connection, tenant_id: str) -> dict[str, tuple[int, int]]:
+    """table name -> (txn_version, table_version) of the tenant's frontier cache."""
+    return {
+        name: (txn, version) for name, txn, version in conn.execute(FRONTIER_VERSIONS, (tenant_id,))
+    }
+
+
+def drained_at(conn: psycopg.Connection, tenant_ids: list[str]) -> dict[str, dt.datetime]:
+    """tenant_id -> when its last drain finished, for the tenants of `tenant_ids` that had one."""
+    return dict(conn.execute(DRAINED_AT, (tenant_ids,)).fetchall())
