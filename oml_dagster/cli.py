@@ -19,7 +19,7 @@ from .lake.errors import LakeError
 from .lake.policy import erasure_cadence, known_tenants, lag
 from .lake.reconcile import reconcile
 from .lake.storage import Lake
-from .lake.writer import WriterConfig
+from .lake.writer import COMMITS, WriterConfig
 from .settings import writer_batch
 from .simulate.cli import register as register_simulate
 
@@ -85,7 +85,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
                 head = f"tenant {batch.tenant_id} batch ({batch.batch_start}, {batch.batch_end}]"
                 _print(f"{head}: {batch.ops} ops, {len(batch.refused)} refused")
                 for t in batch.tables:
-                    if t.action in ("committed", "txn-only"):
+                    if t.action in COMMITS:
                         _print(
                             f"  {t.table}: {t.action} {t.rows} rows, txn {t.txn_after}, version {t.version}"
                         )

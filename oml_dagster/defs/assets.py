@@ -39,7 +39,7 @@ from oml_dagster.lake.tables import (
     TableId,
     TableSpec,
 )
-from oml_dagster.lake.writer import BatchResult, TableOutcome
+from oml_dagster.lake.writer import COMMITS, BatchResult, TableOutcome
 
 from .partitions import tenant_partitions
 from .resources import LakeResource, PostgresResource, WriterResource
@@ -208,7 +208,7 @@ def _summary(passes: list[DrainPass], results: list[BatchResult], metadata: dict
     commits: Counter[str] = Counter()
     rows: Counter[str] = Counter()
     for t in (t for r in results for t in r.tables):
-        commits[t.table] += t.action in ("committed", "txn-only")
+        commits[t.table] += t.action in COMMITS
         rows[t.table] += t.rows
     tables = ", ".join(f"{name} {commits[name]} commits {rows[name]} rows" for name in rows)
     run = next(iter(metadata.values()))  # the run's bounds and counts, the same for every table

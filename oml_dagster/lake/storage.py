@@ -25,7 +25,7 @@ from oml_dagster.settings import LAKE_URI, lake_storage_options
 
 from .deltalog import LOG_DIR
 from .errors import UnsupportedObjectStore
-from .tables import GOLD_CURATED, TableSpec
+from .tables import GOLD_CURATED, TableId, TableSpec
 
 # Options naming each way a store can be told to commit without put-if-absent.
 _UNSAFE_OPTIONS = {
@@ -343,5 +343,5 @@ def tenant_tables(lake: Lake, tenant_id: str) -> list[tuple[str, TableSpec, str]
             if area["status"] == "validated":
                 uri = lake.table_uri(tenant_id, GOLD_CURATED, area["workarea_id"])
                 if lake.open(uri) is not None:
-                    found.append((f"{GOLD_CURATED.name}/{area['workarea_id']}", GOLD_CURATED, uri))
+                    found.append((str(TableId.curated(area["workarea_id"])), GOLD_CURATED, uri))
     return found

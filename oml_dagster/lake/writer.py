@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Literal
 
 import orjson
 import psycopg
@@ -56,6 +57,7 @@ from .tables import (
     SILVER_CLAIMS,
     AppendWork,
     KeyedWork,
+    TableId,
     TableSpec,
     TenantState,
     writer_properties,
@@ -91,10 +93,21 @@ class WriterConfig:
         return cls(max_batch=max_batch, txn_lag_limit=txn_lag_limit)
 
 
+# What a batch did to one table: committed rows, a txn-only commit (no rows, the txn version
+# moved), skipped (the table is at or past the batch end), or unchanged (nothing to commit).
+CommitAction = Literal["committed", "txn-only", "skipped", "unchanged"]
+COMMITTED: CommitAction = "committed"
+TXN_ONLY: CommitAction = "txn-only"
+SKIPPED: CommitAction = "skipped"
+UNCHANGED: CommitAction = "unchanged"
+# The actions that made a commit.
+COMMITS: tuple[CommitAction, ...] = (COMMITTED, TXN_ONLY)
+
+
 @dataclass
 class TableOutcome:
     table: str
-    action: str  # committed | txn-only | skipped | unchanged
+    action: CommitAction
     rows: int = 0
     # Of `rows`, those the commit inserted and those it updated (from the MERGE's metrics).
     rows_added: int = 0
@@ -120,7 +133,7 @@ class BatchResult:
 
     @property
     def committed(self) -> bool:
-        return any(t.action in ("committed", "txn-only") for t in self.tables)
+        return any(t.action in COMMITS for t in self.tables)
 
     def outcome(self, table: str) -> TableOutcome | None:
         return next((t for t in self.tables if t.table == table), None)
@@ -144,7 +157,7 @@ def _handle(
 ) -> _Handle:
     uri = tables.lake.table_uri(tenant_id, spec, workarea_id)
     table = tables.open(uri)
-    name = f"{spec.name}/{workarea_id}" if workarea_id else spec.name
+    name = str(TableId(spec.name, workarea_id))
     return _Handle(spec, name, uri, table, _txn(table))
 
 
@@ -243,7 +256,7 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
         if op.name in ("claim.demote", "claim.erase", "claim.repair")
     }
     for workarea_id, work in state.curated.items():
-        handle = handles.get(f"{GOLD_CURATED.name}/{workarea_id}")
+        handle = handles.get(str(TableId.curated(workarea_id)))
         if handle is None or handle.table is None:
             continue
         wanted = {
@@ -290,18 +303,7 @@ def _write(
     rows updated)."""
     spec = handle.spec
     parquet = writer_properties(spec)
-    if handle.table is None:
-        write_deltalake(
-            handle.uri,
-            data,
-            mode="error",
-            partition_by=list(spec.partition_by) or None,
-            configuration=configuration,
-            storage_options=lake.storage_options or None,
-            writer_properties=parquet,
-            commit_properties=props,
-        )
-    elif spec.merge_key and data.num_rows and not inserts_only:
+    if handle.table is not None and spec.merge_key and data.num_rows and not inserts_only:
         predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
         if target_filter:
             predicate = f"{predicate} AND ({target_filter})"
@@ -323,15 +325,19 @@ def _write(
             int(metrics.get("num_target_rows_inserted", 0)),
             int(metrics.get("num_target_rows_updated", 0)),
         )
-    else:
-        write_deltalake(
-            handle.table,
-            data,
-            mode="append",
-            partition_by=list(spec.partition_by) or None,
-            writer_properties=parquet,
-            commit_properties=props,
-        )
+    # Creation is mode "error", so a concurrent creator fails this commit instead of being
+    # appended to (write_deltalake would silently create a missing table on append).
+    created = handle.table is None
+    write_deltalake(
+        handle.uri if created else handle.table,
+        data,
+        mode="error" if created else "append",
+        partition_by=list(spec.partition_by) or None,
+        configuration=configuration if created else None,
+        storage_options=(lake.storage_options or None) if created else None,
+        writer_properties=parquet,
+        commit_properties=props,
+    )
     return data.num_rows, 0
 
 
@@ -379,14 +385,14 @@ def _commit_table(
     On the first attempt the table version committed on is the one the fold read, so what
     `work` (a MERGE table's working copy) knows of it holds: rows all absent from it are
     appended, and a MERGE's target rows are narrowed to where the updated rows lie."""
-    outcome = TableOutcome(handle.name, "skipped", txn_before=handle.txn, txn_after=handle.txn)
+    outcome = TableOutcome(handle.name, SKIPPED, txn_before=handle.txn, txn_after=handle.txn)
     last_conflict: Exception | None = None
     for attempt in range(1, config.max_commit_attempts + 1):
         outcome.attempts = attempt
         txn = _txn(handle.table)
         outcome.txn_after = txn
         if batch_end <= txn:
-            outcome.action = "skipped"
+            outcome.action = SKIPPED
             return outcome
         rows = output(txn)
         inserts_only, target_filter = False, None
@@ -407,7 +413,7 @@ def _commit_table(
             and lag <= config.txn_lag_limit
             and batch_end >= leading_txn
         ):
-            outcome.action = "unchanged"
+            outcome.action = UNCHANGED
             return outcome
         props = _commit_properties(tenant_id, txn, batch_end, lag)
         try:
@@ -431,7 +437,7 @@ def _commit_table(
             handle.table = lake.open(handle.uri)
         # Otherwise the DeltaTable object already stands at the version it committed (delta-rs
         # updates a table's state in place after its own write or MERGE).
-        outcome.action = "committed" if rows.num_rows else "txn-only"
+        outcome.action = COMMITTED if rows.num_rows else TXN_ONLY
         outcome.rows = rows.num_rows
         outcome.rows_added, outcome.rows_updated = added, updated
         outcome.txn_after = batch_end
@@ -580,7 +586,7 @@ def _drain_batch(
     commit(handles[BRONZE_EVENTS.name], state.bronze)
     commit(handles[GOLD_LINEAGE.name], state.lineage)
     for workarea_id in sorted(state.curated):
-        name = f"{GOLD_CURATED.name}/{workarea_id}"
+        name = str(TableId.curated(workarea_id))
         handle = handles.get(name) or _handle(tables, tenant_id, GOLD_CURATED, workarea_id)
         handles[name] = handle
         commit(handle, state.curated[workarea_id])
@@ -673,7 +679,9 @@ def _working_state(
         lineage=_keyed(handles[GOLD_LINEAGE.name]),
         areas=_keyed(handles[GOLD_AREAS.name]),
         curated={
-            h.name.split("/", 1)[1]: _keyed(h) for h in handles.values() if h.spec is GOLD_CURATED
+            TableId.parse(h.name).workarea_id: _keyed(h)
+            for h in handles.values()
+            if h.spec is GOLD_CURATED
         },
         bodies=_bodies(
             conn,
