@@ -131,6 +131,12 @@ def list_files(fs: pafs.FileSystem) -> Listing:
     return Listing(data, log, data_mtime)
 
 
+def holds_commit(fs: pafs.FileSystem, version: int) -> bool:
+    """Whether the log still has the commit entry of `version` (a table deleted under a reader
+    that kept its state has not)."""
+    return fs.get_file_info(f"{LOG_DIR}/{version:020d}.json").type != pafs.FileType.NotFound
+
+
 def log_names(fs: pafs.FileSystem) -> list[str]:
     """The names directly inside `_delta_log` (one listing of the log, none of the data)."""
     selector = pafs.FileSelector(LOG_DIR, allow_not_found=True, recursive=False)

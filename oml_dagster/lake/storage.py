@@ -23,7 +23,7 @@ from deltalake.fs import DeltaStorageHandler
 
 from oml_dagster.settings import LAKE_URI, lake_storage_options
 
-from .deltalog import LOG_DIR
+from . import deltalog
 from .errors import UnsupportedObjectStore
 from .tables import GOLD_CURATED, TableId, TableSpec
 
@@ -142,7 +142,7 @@ class OpenTables:
         table = self._tables.get(uri)
         if table is not None:
             table.update_incremental()
-            if self._holds(uri, f"{LOG_DIR}/{table.version():020d}.json"):
+            if self._holds(uri, table.version()):
                 return table
             self.forget(uri)
         table = self.lake.open(uri)
@@ -150,12 +150,11 @@ class OpenTables:
             self._tables[uri] = table
         return table
 
-    def _holds(self, uri: str, entry: str) -> bool:
+    def _holds(self, uri: str, version: int) -> bool:
         try:
-            info = self.lake.filesystem(uri).get_file_info(entry)
+            return deltalog.holds_commit(self.lake.filesystem(uri), version)
         except TableNotFoundError:  # a local table's directory is gone
             return False
-        return info.type != pafs.FileType.NotFound
 
     def keep(self, uri: str, table: DeltaTable | None) -> None:
         """Use `table` (reopened after a conflict, or just created) for `uri` from now on."""
