@@ -234,8 +234,9 @@ def fresh_within_bound(
     with postgres.connect() as conn:
         lag = tenant_lags(conn, [tenant_id]).get(tenant_id)
     passed, description, metadata = judge(lag, config.bound_seconds)
-    history = lag_history(context.instance, tenant_id, metadata["lag_seconds"])
-    metadata["lag_over_time"] = lag_plot(history)
+    metadata["lag_over_time"] = lag_plot(
+        lag_history(context.instance, tenant_id, metadata["lag_seconds"])
+    )
     return AssetCheckResult(
         passed=passed,
         severity=AssetCheckSeverity.ERROR,
@@ -321,8 +322,9 @@ def report_freshness(
             lags.get(tenant_id), config.bound_seconds, tenant_id in busy
         )
         failed += not passed
-        history = lag_history(context.instance, tenant_id, metadata["lag_seconds"])
-        metadata["lag_over_time"] = lag_plot(history)
+        metadata["lag_over_time"] = lag_plot(
+            lag_history(context.instance, tenant_id, metadata["lag_seconds"])
+        )
         context.log_event(
             AssetCheckEvaluation(
                 asset_key=BRONZE,

@@ -67,6 +67,7 @@ def drain(
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
     started = time.monotonic()
+    config = config or WriterConfig()
     scope = frozenset(tenants).__contains__ if tenants else owns
     passes: list[DrainPass] = []
     # One fetcher (one ADBC connection) for every tenant: a connection per tenant would hold
@@ -80,7 +81,7 @@ def drain(
     tables = OpenTables(lake)
     try:
         for _ in range(max_passes):
-            cut = sequencer.sequence_for_batches(conn, (config or WriterConfig()).max_batch)
+            cut = sequencer.sequence_for_batches(conn, config.max_batch)
             current = DrainPass(cut, scope=scope)
             targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
             if owns is not None and not tenants:
@@ -97,7 +98,7 @@ def drain(
                         conn,
                         lake,
                         tenant_id,
-                        config or WriterConfig(),
+                        config,
                         fetcher=fetcher,
                         prefetched=following.pop(tenant_id, None),
                         tables=tables,

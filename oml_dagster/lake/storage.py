@@ -169,7 +169,7 @@ class OpenTables:
         version = table.version()
         cached = self._rows.get(uri)
         if cached is None or cached[0] != version:
-            cached = (version, conform(query(table), spec))
+            cached = (version, read_table(table, spec))
             self._rows[uri] = cached
         return cached[1].to_pylist()
 
@@ -274,7 +274,12 @@ def _s3_client(lake: Lake):
 def read_rows(table: DeltaTable, spec: TableSpec, where: str | None = None) -> list[dict]:
     """Rows of `table` as dicts, cast to the spec's types (MERGE writes view types). `where` is a
     SQL predicate; the query engine prunes files with the log's statistics."""
-    return conform(query(table, "*", where), spec).to_pylist()
+    return read_table(table, spec, where).to_pylist()
+
+
+def read_table(table: DeltaTable, spec: TableSpec, where: str | None = None) -> pa.Table:
+    """`read_rows` as one Arrow table."""
+    return conform(query(table, "*", where), spec)
 
 
 def rows_with(

@@ -142,10 +142,14 @@ class BatchResult:
 @dataclass
 class _Handle:
     spec: TableSpec
-    name: str
+    id: TableId
     uri: str
     table: DeltaTable | None
     txn: int
+
+    @property
+    def name(self) -> str:
+        return str(self.id)
 
 
 def _txn(table: DeltaTable | None) -> int:
@@ -157,8 +161,7 @@ def _handle(
 ) -> _Handle:
     uri = tables.lake.table_uri(tenant_id, spec, workarea_id)
     table = tables.open(uri)
-    name = str(TableId(spec.name, workarea_id))
-    return _Handle(spec, name, uri, table, _txn(table))
+    return _Handle(spec, TableId(spec.name, workarea_id), uri, table, _txn(table))
 
 
 # --- Postgres reads ----------------------------------------------------------------------------
@@ -678,11 +681,7 @@ def _working_state(
         silver=_keyed(handles[SILVER_CLAIMS.name]),
         lineage=_keyed(handles[GOLD_LINEAGE.name]),
         areas=_keyed(handles[GOLD_AREAS.name]),
-        curated={
-            TableId.parse(h.name).workarea_id: _keyed(h)
-            for h in handles.values()
-            if h.spec is GOLD_CURATED
-        },
+        curated={h.id.workarea_id: _keyed(h) for h in handles.values() if h.spec is GOLD_CURATED},
         bodies=_bodies(
             conn,
             tenant_id,
