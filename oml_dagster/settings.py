@@ -177,69 +177,78 @@ LAKE_STORAGE_OPTIONS: Setting[dict[str, str]] = Setting(
     "Storage options on top of the `AWS_*` variables (they win over them).",
     shown_default="none",
 )
-MAX_BATCH: Setting[int] = Setting(
+
+
+def _count_setting(
+    name: str,
+    default: Any,
+    minimum: int,
+    description: str,
+    *,
+    what: str = "an integer",
+    **more: Any,
+) -> Setting[Any]:
+    return Setting(name, default, _integer(minimum), f"{what} >= {minimum}", description, **more)
+
+
+def _seconds_setting(name: str, default: float, description: str, *, zero: bool) -> Setting[float]:
+    expected = f"seconds (a number {'>=' if zero else '>'} 0)"
+    return Setting(name, default, _seconds(zero=zero), expected, description)
+
+
+MAX_BATCH: Setting[int] = _count_setting(
     "OML_MAX_BATCH",
     50_000,
-    _integer(2),
-    "an integer >= 2",
+    2,
     "Ops per tenant batch at most (a batch also stops at about 64 MiB of payload).",
 )
-TXN_LAG_LIMIT: Setting[int | None] = Setting(
+TXN_LAG_LIMIT: Setting[int | None] = _count_setting(
     "OML_TXN_LAG_LIMIT",
     None,
-    _integer(1),
-    "an integer >= 1 and below OML_MAX_BATCH",
-    "Ops an idle table may lag before it gets a txn-only commit.",
+    1,
+    "Ops an idle table may lag before it gets a txn-only commit; below OML_MAX_BATCH.",
     shown_default="2500, or half of OML_MAX_BATCH when that is less",
 )
-FOLD_TIMEOUT_SECONDS: Setting[float] = Setting(
+FOLD_TIMEOUT_SECONDS = _seconds_setting(
     "OML_FOLD_TIMEOUT_SECONDS",
     300.0,
-    _seconds(zero=False),
-    "seconds (a number > 0)",
     "A batch fold running longer fails with BatchTimeout naming its op.",
+    zero=False,
 )
-RUN_DRAIN_SECONDS: Setting[float] = Setting(
+RUN_DRAIN_SECONDS = _seconds_setting(
     "OML_RUN_DRAIN_SECONDS",
     60.0,
-    _seconds(zero=True),
-    "seconds (a number >= 0)",
     "How long one lake-writer run keeps draining its tenant (0: one batch per run).",
+    zero=True,
 )
-SHARD_RUN_SECONDS: Setting[float] = Setting(
+SHARD_RUN_SECONDS = _seconds_setting(
     "OML_SHARD_RUN_SECONDS",
     300.0,
-    _seconds(zero=True),
-    "seconds (a number >= 0)",
     "How long one shard run keeps draining its shard's tenants (0: one pass per run).",
+    zero=True,
 )
-DRAIN_SHARDS: Setting[int] = Setting(
+DRAIN_SHARDS: Setting[int] = _count_setting(
     "OML_DRAIN_SHARDS",
     4,
-    _integer(0),
-    "a whole number >= 0",
+    0,
     "Shard runs the outbox sensor keeps, each draining a shard of tenants (0: a run per tenant).",
+    what="a whole number",
 )
-FRESHNESS_BOUND_SECONDS: Setting[float] = Setting(
+FRESHNESS_BOUND_SECONDS = _seconds_setting(
     "OML_FRESHNESS_BOUND_SECONDS",
     300.0,
-    _seconds(zero=False),
-    "seconds (a number > 0)",
     "A tenant whose oldest undrained outbox row is older fails its fresh_within_bound check.",
+    zero=False,
 )
-FRESHNESS_INTERVAL_SECONDS: Setting[int] = Setting(
+FRESHNESS_INTERVAL_SECONDS: Setting[int] = _count_setting(
     "OML_FRESHNESS_INTERVAL_SECONDS",
     60,
-    _integer(1),
-    "whole seconds (an integer > 0)",
+    1,
     "How often lake_freshness_sensor judges every tenant's lag.",
+    what="whole seconds",
 )
-SENSOR_INTERVAL_SECONDS: Setting[int] = Setting(
-    "OML_SENSOR_INTERVAL_SECONDS",
-    30,
-    _integer(1),
-    "whole seconds >= 1",
-    "The outbox sensor's tick.",
+SENSOR_INTERVAL_SECONDS: Setting[int] = _count_setting(
+    "OML_SENSOR_INTERVAL_SECONDS", 30, 1, "The outbox sensor's tick.", what="whole seconds"
 )
 DAGSTER_AUTOSTART: Setting[bool] = Setting(
     "OML_DAGSTER_AUTOSTART",
@@ -278,12 +287,12 @@ ZORDER_CRON = _cron_setting(
 VACUUM_CRON = _cron_setting(
     "OML_VACUUM_CRON", "0 4 * * *", "Checkpoint, VACUUM and log cleanup of every table."
 )
-ERASURE_CADENCE_SECONDS: Setting[int] = Setting(
+ERASURE_CADENCE_SECONDS: Setting[int] = _count_setting(
     "OML_ERASURE_CADENCE_SECONDS",
     86_400,
-    _integer(0),
-    "whole seconds >= 0",
+    0,
     "The maintenance cadence the erasure evidence allows on top of the erasure bound.",
+    what="whole seconds",
 )
 
 SETTINGS: tuple[Setting[Any], ...] = (

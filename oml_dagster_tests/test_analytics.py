@@ -19,6 +19,7 @@ from oml_dagster import cli
 from oml_dagster.defs.analytics import ANALYTICS_KEYS
 from oml_dagster.lake import analytics
 from oml_dagster.lake.storage import Lake, tenant_tables
+from oml_dagster.lake.tables import GOLD_AREAS, SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.runner import run
@@ -281,7 +282,7 @@ def test_a_table_the_second_reader_cannot_read_fails_its_check(conn, lake, tenan
     tree = make_tree(conn, tenant)
     acts.promote(conn, tenant, acts.Claim(new_id(), 1, tree.a, "u.a"), b"body")
     drain_all(conn, lake)
-    silver = lake.table_uri(tenant.tenant_id, analytics.SILVER_CLAIMS)
+    silver = lake.table_uri(tenant.tenant_id, SILVER_CLAIMS)
     for data_file in Path(silver).glob("*.parquet"):
         data_file.unlink()  # the log still lists it
     with analytics.tenant_connection(lake, tenant.tenant_id) as tc:
@@ -331,7 +332,7 @@ def test_lakes_on_s3_are_read_with_the_lakes_storage_options(
         replay = analytics.replay_areas(analytics.area_events(tc))
         gold = analytics.gold_areas(tc)
         # Locked down, the connection reads nothing under another tenant's prefix.
-        elsewhere = s3_lake.table_uri(other.tenant_id, analytics.GOLD_AREAS)
+        elsewhere = s3_lake.table_uri(other.tenant_id, GOLD_AREAS)
         with pytest.raises(duckdb.PermissionException):
             tc.con.execute(f"SELECT count(*) FROM delta_scan('{elsewhere}')").fetchall()
     assert {c.table for c in checks} == {

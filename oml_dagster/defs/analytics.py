@@ -18,26 +18,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from dagster import (
-    AssetCheckExecutionContext,
-    AssetCheckResult,
-    AssetChecksDefinition,
-    AssetExecutionContext,
-    AssetKey,
-    AssetSelection,
-    DefaultScheduleStatus,
-    MaterializeResult,
-    MetadataValue,
-    PreviewWarning,
-    RunRequest,
-    ScheduleEvaluationContext,
-    SkipReason,
-    asset,
-    asset_check,
-    define_asset_job,
-    in_process_executor,
-    schedule,
-)
+import dagster as dg
 
 from oml_dagster.lake import analytics
 from oml_dagster.lake.storage import Lake
@@ -48,29 +29,29 @@ from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from .resources import LakeResource, PostgresResource, settings
 
 warnings.filterwarnings(
-    "ignore", "Specifying a partitions_def on an AssetCheckSpec", category=PreviewWarning
+    "ignore", "Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning
 )
 
-EVENT_VOLUME = AssetKey(["analytics", "event_volume"])
-LAKE_LAG = AssetKey(["analytics", "lake_lag"])
-CLAIMS_BY_STATE = AssetKey(["analytics", "claims_by_state"])
-LINEAGE_STATS = AssetKey(["analytics", "lineage_stats"])
+EVENT_VOLUME = dg.AssetKey(["analytics", "event_volume"])
+LAKE_LAG = dg.AssetKey(["analytics", "lake_lag"])
+CLAIMS_BY_STATE = dg.AssetKey(["analytics", "claims_by_state"])
+LINEAGE_STATS = dg.AssetKey(["analytics", "lineage_stats"])
 
 # The lake tables each analytics asset reads (what its second-reader check counts).
-READS: dict[AssetKey, list[AssetKey]] = {
+READS: dict[dg.AssetKey, list[dg.AssetKey]] = {
     EVENT_VOLUME: [BRONZE],
     LAKE_LAG: [BRONZE, SILVER, LINEAGE, AREAS, CURATED],
     CLAIMS_BY_STATE: [SILVER, AREAS],
     LINEAGE_STATS: [LINEAGE, SILVER],
 }
-ANALYTICS_KEYS: list[AssetKey] = list(READS)
+ANALYTICS_KEYS: list[dg.AssetKey] = list(READS)
 ROWS_SHOWN = 50
 
 
-def md_table(rows: list[dict[str, Any]], limit: int = ROWS_SHOWN) -> MetadataValue:
+def md_table(rows: list[dict[str, Any]], limit: int = ROWS_SHOWN) -> dg.MetadataValue:
     """A Markdown table of `rows` (the first `limit`, saying how many were left out)."""
     if not rows:
-        return MetadataValue.md("_no rows_")
+        return dg.MetadataValue.md("_no rows_")
     columns = list(rows[0])
 
     def cell(value: Any) -> str:
@@ -82,7 +63,7 @@ def md_table(rows: list[dict[str, Any]], limit: int = ROWS_SHOWN) -> MetadataVal
     lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows[:limit]]
     if len(rows) > limit:
         lines.append(f"\n_{len(rows) - limit} more rows not shown_")
-    return MetadataValue.md("\n".join(lines))
+    return dg.MetadataValue.md("\n".join(lines))
 
 
 def _jsonable(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,7 +73,7 @@ def _jsonable(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: value(v) for k, v in r.items()} for r in rows]
 
 
-def _partition_tenant(context: AssetExecutionContext | AssetCheckExecutionContext) -> str:
+def _partition_tenant(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> str:
     return context.partition_key
 
 
@@ -101,7 +82,7 @@ def _partition_tenant(context: AssetExecutionContext | AssetCheckExecutionContex
 
 # Every analytics asset: in the `analytics` group, one partition per tenant, computed by DuckDB.
 _analytics_asset = functools.partial(
-    asset, group_name="analytics", partitions_def=tenant_partitions, kinds={"duckdb"}
+    dg.asset, group_name="analytics", partitions_def=tenant_partitions, kinds={"duckdb"}
 )
 
 
@@ -110,7 +91,7 @@ _analytics_asset = functools.partial(
     deps=[BRONZE],
     description="Bronze events per day, event_type and provenance.",
 )
-def event_volume(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+def event_volume(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     with analytics.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
         rows = analytics.event_volume(tc)
     today = dt.datetime.now(dt.UTC).date()
@@ -119,14 +100,14 @@ def event_volume(context: AssetExecutionContext, lake: LakeResource) -> Material
     for r in rows:
         by_type[r["event_type"]] = by_type.get(r["event_type"], 0) + r["events"]
         by_provenance[r["provenance"]] = by_provenance.get(r["provenance"], 0) + r["events"]
-    return MaterializeResult(
+    return dg.MaterializeResult(
         metadata={
             "events": sum(r["events"] for r in rows),
             "events_today": sum(r["events"] for r in rows if r["event_date"] == today),
             "days": len({r["event_date"] for r in rows}),
             "volume": md_table(rows),
-            "by_event_type": MetadataValue.json(by_type),
-            "by_provenance": MetadataValue.json(by_provenance),
+            "by_event_type": dg.MetadataValue.json(by_type),
+            "by_provenance": dg.MetadataValue.json(by_provenance),
         }
     )
 
@@ -140,8 +121,8 @@ def event_volume(context: AssetExecutionContext, lake: LakeResource) -> Material
     ),
 )
 def lake_lag(
-    context: AssetExecutionContext, postgres: PostgresResource, lake: LakeResource
-) -> MaterializeResult:
+    context: dg.AssetExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> dg.MaterializeResult:
     tenant_id = _partition_tenant(context)
     store = lake.get_lake()
     with analytics.tenant_connection(store, tenant_id) as tc:
@@ -153,7 +134,7 @@ def lake_lag(
     metadata: dict[str, Any] = {
         "writer_commits": len(commits),
         "lag": md_table(summary),
-        "recent_commits": MetadataValue.json(
+        "recent_commits": dg.MetadataValue.json(
             _jsonable(
                 {
                     "table": c.table,
@@ -172,7 +153,7 @@ def lake_lag(
     for r in summary:
         if r["latest_lag_seconds"] is not None and "/" not in r["table"]:
             metadata[f"latest_lag_seconds/{r['table']}"] = float(r["latest_lag_seconds"])
-    return MaterializeResult(metadata=metadata)
+    return dg.MaterializeResult(metadata=metadata)
 
 
 @_analytics_asset(
@@ -180,7 +161,7 @@ def lake_lag(
     deps=[SILVER, AREAS],
     description="Silver claims by state, workarea (path and status from gold.areas) and provenance.",
 )
-def claims_by_state(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+def claims_by_state(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     with analytics.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
         rows = analytics.claims_by_state(tc)
     states: dict[str, int] = {}
@@ -190,11 +171,11 @@ def claims_by_state(context: AssetExecutionContext, lake: LakeResource) -> Mater
         "claims": sum(states.values()),
         "workareas_with_claims": len({r["workarea_id"] for r in rows}),
         "claims_by_state": md_table(rows),
-        "states": MetadataValue.json(states),
+        "states": dg.MetadataValue.json(states),
     }
     for state in (PROMOTED, HELD, DEMOTED, ERASED):
         metadata[f"claims_{state}"] = states.get(state, 0)
-    return MaterializeResult(metadata=metadata)
+    return dg.MaterializeResult(metadata=metadata)
 
 
 @_analytics_asset(
@@ -205,10 +186,10 @@ def claims_by_state(context: AssetExecutionContext, lake: LakeResource) -> Mater
         "simulation its taint closure in silver and the edges it marks."
     ),
 )
-def lineage_stats(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+def lineage_stats(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     with analytics.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
         stats = analytics.lineage_stats(tc)
-    return MaterializeResult(
+    return dg.MaterializeResult(
         metadata={
             "edges": sum(r["edges"] for r in stats.edges),
             "edges_ratified": sum(r["edges"] for r in stats.edges if r["state"] == "ratified"),
@@ -228,12 +209,12 @@ ANALYTICS_ASSETS = [event_volume, lake_lag, claims_by_state, lineage_stats]
 # --- the second reader's checks ------------------------------------------------------------------
 
 
-def read_check_result(lake: Lake, tenant_id: str, reads: list[AssetKey]) -> AssetCheckResult:
+def read_check_result(lake: Lake, tenant_id: str, reads: list[dg.AssetKey]) -> dg.AssetCheckResult:
     names = [TABLE_OF[k].name for k in reads]
     with analytics.tenant_connection(lake, tenant_id) as tc:
         checks = analytics.second_reader_check(lake, tc, names)
     failing = [c for c in checks if not c.agrees]
-    return AssetCheckResult(
+    return dg.AssetCheckResult(
         passed=not failing,
         metadata={
             "tables_read": len(checks),
@@ -255,10 +236,10 @@ def read_check_result(lake: Lake, tenant_id: str, reads: list[AssetKey]) -> Asse
     )
 
 
-def _read_check(key: AssetKey) -> AssetChecksDefinition:
+def _read_check(key: dg.AssetKey) -> dg.AssetChecksDefinition:
     reads = READS[key]
 
-    @asset_check(
+    @dg.asset_check(
         asset=key,
         name="second_reader_agrees",
         partitions_def=tenant_partitions,
@@ -269,38 +250,38 @@ def _read_check(key: AssetKey) -> AssetChecksDefinition:
             "implementation."
         ),
     )
-    def check(context: AssetCheckExecutionContext, lake: LakeResource) -> AssetCheckResult:
+    def check(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
         return read_check_result(lake.get_lake(), _partition_tenant(context), reads)
 
     return check
 
 
-ANALYTICS_CHECKS: list[AssetChecksDefinition] = [_read_check(k) for k in ANALYTICS_KEYS]
+ANALYTICS_CHECKS: list[dg.AssetChecksDefinition] = [_read_check(k) for k in ANALYTICS_KEYS]
 
 
 # --- job and schedule ----------------------------------------------------------------------------
 
-lake_analytics_job = define_asset_job(
+lake_analytics_job = dg.define_asset_job(
     name="lake_analytics_job",
-    selection=AssetSelection.assets(*ANALYTICS_KEYS),
-    executor_def=in_process_executor,
+    selection=dg.AssetSelection.assets(*ANALYTICS_KEYS),
+    executor_def=dg.in_process_executor,
     description="Answer the tenant's volume, lag, claims and lineage questions from its lake.",
 )
 
 
-@schedule(
+@dg.schedule(
     name="daily_analytics_schedule",
     job=lake_analytics_job,
     cron_schedule=settings.analytics_cron,
     execution_timezone=settings.schedule_timezone,
     default_status=(
-        DefaultScheduleStatus.RUNNING if settings.autostart else DefaultScheduleStatus.STOPPED
+        dg.DefaultScheduleStatus.RUNNING if settings.autostart else dg.DefaultScheduleStatus.STOPPED
     ),
     description="One lake_analytics_job run per tenant partition.",
 )
-def daily_analytics_schedule(context: ScheduleEvaluationContext):
+def daily_analytics_schedule(context: dg.ScheduleEvaluationContext):
     tenants = context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
     if not tenants:
-        return SkipReason("no tenant partitions yet")
+        return dg.SkipReason("no tenant partitions yet")
     tick = context.scheduled_execution_time.isoformat()
-    return [RunRequest(run_key=f"analytics:{t}:{tick}", partition_key=t) for t in tenants]
+    return [dg.RunRequest(run_key=f"analytics:{t}:{tick}", partition_key=t) for t in tenants]

@@ -20,26 +20,7 @@ import datetime as dt
 import warnings
 from collections.abc import Iterator
 
-from dagster import (
-    AssetCheckExecutionContext,
-    AssetCheckKey,
-    AssetCheckResult,
-    AssetChecksDefinition,
-    AssetCheckSpec,
-    AssetExecutionContext,
-    AssetKey,
-    DefaultScheduleStatus,
-    MaterializeResult,
-    MetadataValue,
-    PreviewWarning,
-    RunRequest,
-    ScheduleEvaluationContext,
-    SkipReason,
-    asset,
-    asset_check,
-    multi_asset_check,
-    schedule,
-)
+import dagster as dg
 
 from oml_dagster.lake import reconcile as rc
 from oml_dagster.lake.erasure import erased_artifacts, erasure_evidence
@@ -52,14 +33,14 @@ from .resources import LakeResource, PostgresResource, settings
 # Checks stored per tenant partition need `partitions_def`, which this Dagster release flags as a
 # preview; the warning is known and accepted here.
 warnings.filterwarnings(
-    "ignore", "Specifying a partitions_def on an AssetCheckSpec", category=PreviewWarning
+    "ignore", "Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning
 )
 
 SAMPLE = 5
 # Per-version rows shown in the evidence asset's metadata (`erasure-evidence --json` lists all).
 EVIDENCE_ROWS = 200
 
-ASSET_OF_TABLE: dict[str, AssetKey] = {spec.name: key for key, spec in TABLE_OF.items()}
+ASSET_OF_TABLE: dict[str, dg.AssetKey] = {spec.name: key for key, spec in TABLE_OF.items()}
 DESCRIPTIONS = {
     rc.TENANT_ID: "Every row's tenant_id is the partition's tenant.",
     rc.FRONTIER: "The Postgres frontier cache equals the table's Delta txn version.",
@@ -83,10 +64,10 @@ DESCRIPTIONS = {
 }
 
 
-def _spec(table: str, name: str) -> AssetCheckSpec:
+def _spec(table: str, name: str) -> dg.AssetCheckSpec:
     key = ASSET_OF_TABLE[table]
     deps = {rc.CURATED: [SILVER], rc.OUTBOX: [OUTBOX], rc.DEAD_LETTERS: [OUTBOX]}.get(name, [])
-    return AssetCheckSpec(
+    return dg.AssetCheckSpec(
         name,
         asset=key,
         description=DESCRIPTIONS[name],
@@ -97,24 +78,24 @@ def _spec(table: str, name: str) -> AssetCheckSpec:
 
 RECONCILER_SPECS = [_spec(table, name) for table, name in rc.CHECKS]
 _CHECK_OF_KEY = {
-    AssetCheckKey(ASSET_OF_TABLE[table], name): (table, name) for table, name in rc.CHECKS
+    dg.AssetCheckKey(ASSET_OF_TABLE[table], name): (table, name) for table, name in rc.CHECKS
 }
 
 
-@multi_asset_check(
+@dg.multi_asset_check(
     name="reconciler",
     specs=RECONCILER_SPECS,
     can_subset=True,
     description="The key-less reconciler's checks for the tenant, one pass over its tables.",
 )
 def reconciler(
-    context: AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
-) -> Iterator[AssetCheckResult]:
+    context: dg.AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> Iterator[dg.AssetCheckResult]:
     selected = [_CHECK_OF_KEY[k] for k in context.selected_asset_check_keys]
     with postgres.connect() as conn:
         result = rc.reconcile(conn, lake.get_lake(), context.partition_key, only=selected)
     for r in result.results:
-        yield AssetCheckResult(
+        yield dg.AssetCheckResult(
             asset_key=ASSET_OF_TABLE[r.table],
             check_name=r.name,
             passed=r.passed,
@@ -134,7 +115,7 @@ def _evidence(read, context, postgres: PostgresResource, lake: LakeResource):
         return cadence, read(conn, lake.get_lake(), context.partition_key, cadence=cadence)
 
 
-@asset_check(
+@dg.asset_check(
     asset=SILVER,
     name="erasure_slo_holds",
     partitions_def=tenant_partitions,
@@ -146,10 +127,10 @@ def _evidence(read, context, postgres: PostgresResource, lake: LakeResource):
     ),
 )
 def erasure_slo_holds(
-    context: AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
-) -> AssetCheckResult:
+    context: dg.AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> dg.AssetCheckResult:
     cadence, evidence = _evidence(erasure_evidence, context, postgres, lake)
-    return AssetCheckResult(
+    return dg.AssetCheckResult(
         passed=evidence.ok,
         metadata={
             "erasure_bound_seconds": evidence.bound.total_seconds(),
@@ -165,7 +146,7 @@ def erasure_slo_holds(
     )
 
 
-@asset(
+@dg.asset(
     key=ERASURE_EVIDENCE,
     group_name="reconciler",
     deps=[SILVER, CURATED],
@@ -178,12 +159,12 @@ def erasure_slo_holds(
     ),
 )
 def erasure_evidence_asset(
-    context: AssetExecutionContext, postgres: PostgresResource, lake: LakeResource
-) -> MaterializeResult:
+    context: dg.AssetExecutionContext, postgres: PostgresResource, lake: LakeResource
+) -> dg.MaterializeResult:
     cadence, evidence = _evidence(erased_artifacts, context, postgres, lake)
     report = evidence.as_dict()
     with_copies = [a for a in evidence.artifacts if a.copies]
-    return MaterializeResult(
+    return dg.MaterializeResult(
         metadata={
             "bound_seconds": evidence.bound.total_seconds(),
             "cadence_seconds": cadence.total_seconds(),
@@ -193,34 +174,34 @@ def erasure_evidence_asset(
             "overdue_versions": len(evidence.overdue),
             "at_risk_versions": len(evidence.at_risk()),
             "artifacts_shown": min(len(evidence.artifacts), EVIDENCE_ROWS),
-            "artifacts": MetadataValue.json(
+            "artifacts": dg.MetadataValue.json(
                 dict(report, artifacts=report["artifacts"][:EVIDENCE_ROWS])
             ),
         }
     )
 
 
-LAKE_CHECKS: list[AssetChecksDefinition] = [reconciler, erasure_slo_holds]
-LAKE_CHECK_KEYS: list[AssetCheckKey] = [key for c in LAKE_CHECKS for key in c.check_keys]
+LAKE_CHECKS: list[dg.AssetChecksDefinition] = [reconciler, erasure_slo_holds]
+LAKE_CHECK_KEYS: list[dg.AssetCheckKey] = [key for c in LAKE_CHECKS for key in c.check_keys]
 
 
-@schedule(
+@dg.schedule(
     name="reconcile_schedule",
     job_name="lake_writer_job",
     cron_schedule=settings.reconcile_cron,
     execution_timezone=settings.schedule_timezone,
     default_status=(
-        DefaultScheduleStatus.RUNNING if settings.autostart else DefaultScheduleStatus.STOPPED
+        dg.DefaultScheduleStatus.RUNNING if settings.autostart else dg.DefaultScheduleStatus.STOPPED
     ),
     description=("Runs the reconciler checks and the erasure evidence once per tenant partition."),
 )
-def reconcile_schedule(context: ScheduleEvaluationContext):
+def reconcile_schedule(context: dg.ScheduleEvaluationContext):
     tenants = context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
     if not tenants:
-        return SkipReason("no tenant partitions yet")
+        return dg.SkipReason("no tenant partitions yet")
     tick = context.scheduled_execution_time.isoformat()
     return [
-        RunRequest(
+        dg.RunRequest(
             run_key=f"{t}:{tick}",
             partition_key=t,
             asset_selection=[ERASURE_EVIDENCE],

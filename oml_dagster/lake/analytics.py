@@ -33,26 +33,10 @@ import pyarrow as pa
 from . import queries
 from .errors import LakeError
 from .storage import Lake, tenant_tables
-from .tables import (
-    APP_ID,
-    BRONZE_EVENTS,
-    CORE_TABLES,
-    GOLD_AREAS,
-    GOLD_CURATED,
-    GOLD_LINEAGE,
-    SILVER_CLAIMS,
-    TableId,
-    TableSpec,
-    area_descendants,
-)
+from .tables import APP_ID, CORE_TABLES, GOLD_CURATED, TableId, TableSpec, area_descendants
 
 # View name of each core table in a tenant's DuckDB connection.
-VIEW_OF: dict[str, str] = {
-    BRONZE_EVENTS.name: "bronze_events",
-    SILVER_CLAIMS.name: "silver_claims",
-    GOLD_LINEAGE.name: "gold_lineage",
-    GOLD_AREAS.name: "gold_areas",
-}
+VIEW_OF: dict[str, str] = {spec.name: spec.name.replace(".", "_") for spec in CORE_TABLES}
 CURATED_VIEW_PREFIX = "curated_"
 
 # Table functions a query may call: generators only, none of them reads anything.

@@ -57,8 +57,6 @@ from .tables import (
     GOLD_LINEAGE,
     PROMOTED,
     SILVER_CLAIMS,
-    AppendWork,
-    KeyedWork,
     TableId,
     TableSpec,
     TenantState,
@@ -118,14 +116,7 @@ class Finding:
         return f"{self.table}{row}: {self.detail}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "tenant_id": self.tenant_id,
-            "table": self.table,
-            "key": self.key,
-            "version": self.version,
-            "detail": self.detail,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -556,21 +547,12 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
     """What the writer's fold makes of the tenant's ops for each table named in `through`
     (table name -> txn version), as rows by key: the ops with seq up to that version, in seq
     order, less the ones recorded as refused."""
-    given = dict(
-        tenant_id=tenant_id,
-        bronze=AppendWork(txn=2**62),  # bronze is checked from itself, not folded
-        silver=KeyedWork(SILVER_CLAIMS, txn=0),
-        lineage=KeyedWork(GOLD_LINEAGE, txn=0),
-        areas=KeyedWork(GOLD_AREAS, txn=0),
-        curated={},
+    state = TenantState.blank(
+        tenant_id,
         bodies=_BodyPresence(_stored_bodies(conn, tenant_id)),
         api_keys={k: owner for k, (owner, _) in public_keys(conn).items()},
-        # Only where the working state still has a drain clock for curated_at (curated rows
-        # are compared with silver, never with this fold).
-        materialized_at=dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
+        bronze_txn=2**62,  # bronze is checked from itself, not folded
     )
-    accepted = {f.name for f in dataclasses.fields(TenantState)}
-    state = TenantState(**{k: v for k, v in given.items() if k in accepted})
     works = {
         SILVER_CLAIMS.name: state.silver,
         GOLD_LINEAGE.name: state.lineage,

@@ -409,6 +409,23 @@ class TenantState:
     # the events the batch names: bronze keeps one row per journal_seq.
     events: dict[int, tuple[str, bytes]] = field(default_factory=dict)
 
+    @classmethod
+    def blank(
+        cls, tenant_id: str, bodies: dict[Key, bytes], api_keys: dict[str, str], bronze_txn: int = 0
+    ) -> TenantState:
+        """The state of a tenant whose tables are empty (txn 0), as a fold of the outbox from its
+        start sees it; bronze's work starts at `bronze_txn`."""
+        return cls(
+            tenant_id,
+            AppendWork(txn=bronze_txn),
+            KeyedWork(SILVER_CLAIMS, txn=0),
+            KeyedWork(GOLD_LINEAGE, txn=0),
+            KeyedWork(GOLD_AREAS, txn=0),
+            {},
+            bodies,
+            api_keys,
+        )
+
     def curated_for(self, workarea_id: str) -> KeyedWork | None:
         return self.curated.get(workarea_id)
 
