@@ -45,13 +45,17 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def drain_once(dsn: str, max_batch: int) -> dict:
-    """Drain everything into a fresh lake in a child process; verdicts are reset first."""
+def drain_once(dsn: str, max_batch: int, source: str | None = None) -> dict:
+    """Drain everything into a fresh lake in a child process; verdicts are reset first. With
+    `source` (a checkout of an earlier commit) the child runs that code: a baseline from the
+    same run, on the same workload."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE oml.lake_dead_letter, oml.lake_verdicts, oml.lake_frontier")
         ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": os.path.join(tmp, "oml-lake")}
+        if source:
+            env["PYTHONPATH"] = os.path.abspath(source)
         cmd = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"]
         cmd += ["--max-batch", str(max_batch)]
         samples: list[tuple[float, float]] = []
@@ -77,6 +81,7 @@ def drain_once(dsn: str, max_batch: int) -> dict:
         ).fetchone()[0]
     return {
         "max_batch": max_batch,
+        "source": source or "this checkout",
         "ops": ops,
         "seconds": round(elapsed, 2),
         "ops_per_s": round(ops / elapsed),
@@ -96,6 +101,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--plot", help="PNG: rate vs batch cap (several caps) or RSS over time")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--baseline-source",
+        help="a checkout of an earlier commit: each drain runs again with its code (baseline)",
+    )
     args = parser.parse_args()
 
     with fresh_database() as dsn:
@@ -103,7 +112,11 @@ def main() -> None:
         workload = WorkloadConfig(args.tenants, args.claims, args.seed, args.bad_ratio)
         run(dsn, workload, RunConfig(writers=2))
         written = time.perf_counter() - started
-        results = [drain_once(dsn, cap) for cap in args.max_batch]
+        results = []
+        for cap in args.max_batch:
+            results.append(drain_once(dsn, cap))
+            if args.baseline_source:
+                results.append(drain_once(dsn, cap, args.baseline_source))
 
     print(machine())
     print(
@@ -114,7 +127,7 @@ def main() -> None:
         print(
             f"drain max-batch {r['max_batch']:>6}: {r['seconds']:7.1f} s, {r['ops_per_s']:>7,} ops/s,"
             f" {r['dead_letters']} dead letters ({r['injected_faults']} injected faults),"
-            f" peak RSS {r['peak_rss_mib']} MiB"
+            f" peak RSS {r['peak_rss_mib']} MiB ({r['source']})"
         )
     if args.json:
         with open(args.json, "w") as f:
@@ -130,18 +143,22 @@ def plot(results: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    if len(results) > 1:
+    if len({r["max_batch"] for r in results}) > 1:
+        results = [r for r in results if r["source"] == "this checkout"]
         ax.plot([r["max_batch"] for r in results], [r["ops_per_s"] for r in results], "o-")
         ax.set_xscale("log")
         ax.set_xlabel("batch cap (ops)")
         ax.set_ylabel("drain rate (ops/s)")
         ax.set_title(f"drain rate vs batch cap, {results[0]['ops']:,} simulated ops")
     else:
-        (r,) = results
-        ax.plot([t for t, _ in r["rss"]], [m for _, m in r["rss"]])
+        for r in results:
+            ax.plot([t for t, _ in r["rss"]], [m for _, m in r["rss"]], label=r["source"])
         ax.set_xlabel("seconds since the drain started")
         ax.set_ylabel("RSS (MiB)")
+        r = results[0]
         ax.set_title(f"drain RSS, {r['ops']:,} ops, batch cap {r['max_batch']:,}")
+        if len(results) > 1:
+            ax.legend()
     ax.grid(True, alpha=0.3)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.tight_layout()

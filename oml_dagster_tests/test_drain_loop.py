@@ -3,10 +3,15 @@ its own tenants are idle, whatever other tenants do, and at its time cap."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
+import pyarrow as pa
 import pytest
 
 from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import DrainPass, drain
+from oml_dagster.lake.drain import DrainPass, drain, release_memory
+from oml_dagster.lake.fetch import Fetcher
 from oml_dagster.lake.writer import WriterConfig
 
 from .dagster_support import more_acts, seed_tenant
@@ -45,3 +50,42 @@ def test_the_time_cap_ends_the_loop_after_the_pass_under_way(conn, lake):
 
     with pytest.raises(ValueError, match="max_seconds"):
         drain(conn, lake, [work.tenant_id], max_seconds=-1)
+
+
+def test_a_drain_keeps_no_batch_it_has_folded(conn, lake, monkeypatch):
+    """Each batch read ahead is dropped once folded: the passes a drain returns (and a shard
+    run's `on_pass` sees) must not pin every batch of the backlog, or a drain's memory grows
+    with the backlog instead of staying at about two batches (one folding, one read ahead)."""
+    work = seed_tenant(conn, bad=False)
+    more_acts(conn, work, 20)
+    fetched: list[weakref.ref] = []
+    fetch = Fetcher.fetch
+
+    def recorded(self, *args, **kwargs):
+        batch = fetch(self, *args, **kwargs)
+        fetched.append(weakref.ref(batch))
+        return batch
+
+    monkeypatch.setattr(Fetcher, "fetch", recorded)
+    for until_idle in (True, False):
+        passes = drain(conn, lake, [work.tenant_id], until_idle=until_idle, config=SMALL)
+        gc.collect()
+        assert sum(len(p.batches) for p in passes) >= (3 if until_idle else 1)
+        assert len(fetched) >= (3 if until_idle else 2)  # one read ahead at least
+        assert [ref for ref in fetched if ref() is not None] == []
+        more_acts(conn, work, 20)
+        fetched.clear()
+
+
+def test_release_memory_frees_arrow_buffers_held_by_reference_cycles():
+    gc.disable()  # the test decides when the cyclic collector runs
+    try:
+        before = pa.total_allocated_bytes()
+        holder: dict = {"column": pa.array(range(1_000_000), pa.int64())}
+        holder["self"] = holder  # a cycle: refcounting alone never frees it
+        del holder
+        assert pa.total_allocated_bytes() - before >= 8_000_000
+        release_memory()
+        assert pa.total_allocated_bytes() - before < 1_000_000
+    finally:
+        gc.enable()

@@ -4,6 +4,9 @@ tenant, until idle or a time cap: ADR 0021)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -17,6 +20,23 @@ from .fetch import Batch, Fetcher
 from .sequencer import SequencerReport
 from .storage import Lake, OpenTables
 from .writer import BatchResult, WriterConfig, drain_tenant
+
+# After a tenant batch of this many ops the drain hands the memory the batch freed back to the
+# system (`release_memory`): a full batch's Python objects and buffers are hundreds of MiB.
+RELEASE_AFTER_OPS = 10_000
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+_malloc_trim = getattr(_libc, "malloc_trim", None)  # glibc only
+
+
+def release_memory() -> None:
+    """Collect reference cycles (some hold Arrow buffers until the cyclic collector runs) and
+    return glibc's free heap pages to the system (delta-rs's and the fold's allocations are
+    freed into heaps glibc keeps otherwise). Without it a long drain's resident memory creeps up
+    batch after batch though nothing stays referenced (bench/RESULTS.md, issue 10 target 3)."""
+    gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 @dataclass
@@ -110,7 +130,12 @@ def drain(
                     on_error(tenant_id, error)
                     continue
                 following[tenant_id] = result.next_batch if until_idle else None
+                # The pass keeps the result, not the batch read ahead: the passes would
+                # otherwise pin every batch of the backlog until the drain ends.
+                result.next_batch = None
                 current.batches.append(result)
+                if result.ops >= RELEASE_AFTER_OPS:
+                    release_memory()
             passes.append(current)
             if on_pass is not None:
                 on_pass(current)

@@ -202,16 +202,38 @@ def decided_through(conn: psycopg.Connection, tenant_id: str) -> int:
 # --- reading the tables a fold needs -----------------------------------------------------------
 
 
+_LIGHT = ("artifact_id", "version", "simulation_id", "sim_derived_ids", "workarea_id")
+
+
 def _matching_silver_keys(table: DeltaTable, sims: set, tainted: set, workareas: set) -> set:
-    """Keys of silver rows a simulation end or a validation reads, from a narrow scan."""
-    light = query(
-        table, "artifact_id, version, simulation_id, sim_derived_ids, workarea_id"
-    ).to_pylist()
-    keys = set()
-    for row in light:
-        derived = set(row["sim_derived_ids"] or ())
-        if row["simulation_id"] in sims or derived & tainted or row["workarea_id"] in workareas:
-            keys.add((row["artifact_id"], row["version"]))
+    """Keys of the silver rows a simulation end or a validation reads: rows of an ending
+    simulation, rows derived from a tainted one, rows of a validated workarea. Matched over Arrow
+    columns file by file; only the matching keys become Python objects (the whole table's
+    light columns as dicts grew a drain's memory with the table)."""
+
+    def strings(values: set) -> pa.Array:
+        return pa.array(sorted(values), pa.string())
+
+    fields = {name: SILVER_CLAIMS.schema.field(name).type for name in _LIGHT}
+    keys: set = set()
+    for fragment in table.to_pyarrow_dataset().get_fragments():
+        # Cast first: a MERGE writes view types, which the kernels below do not all take.
+        light = fragment.to_table(columns=list(_LIGHT))
+        light = pa.table({name: pc.cast(light[name], kind) for name, kind in fields.items()})
+        mask = pc.or_(
+            pc.is_in(light["simulation_id"], value_set=strings(sims)),
+            pc.is_in(light["workarea_id"], value_set=strings(workareas)),
+        )
+        found = [light.filter(pc.fill_null(mask, False))]
+        if tainted:
+            derived = light["sim_derived_ids"].combine_chunks()
+            hit = pc.is_in(pc.list_flatten(derived), value_set=strings(tainted))
+            rows = pc.unique(pc.filter(pc.list_parent_indices(derived), pc.fill_null(hit, False)))
+            found.append(light.take(rows))
+        for part in found:
+            keys.update(
+                zip(part["artifact_id"].to_pylist(), part["version"].to_pylist(), strict=True)
+            )
     return keys
 
 
