@@ -6,9 +6,10 @@ delta-rs's default post-commit hook (expired-log cleanup after every commit). Ea
 marked in the log by a GET of a key that does not exist (`oml-mark/<phase>`).
 
     .venv/bin/python bench/history_requests.py --versions 1000 --commits 10
+    .venv/bin/python bench/history_requests.py --list-cost 100 1000 5000 10000
 
-Prints, per phase and per commit, the LIST requests (with and without `start-after`), the keys
-they returned, and the other requests by method.
+Prints, per phase and per commit, the LIST requests (from an offset, of the whole log, or of one
+name as pyarrow's `get_file_info` asks) and the other requests by method.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def default_hook_commit(lake: Lake, tables: OpenTables, seq: int) -> None:
 
 
 def count(log_path: str, commits: int) -> None:
-    request = re.compile(r'"(\w+) (\S+) HTTP')
+    request = re.compile(r'"(?:\x1b\[[0-9;]*m)*(\w+) (\S+) HTTP')
     phase, counts = "start", collections.defaultdict(collections.Counter)
     with open(log_path) as f:
         for line in f:
@@ -83,7 +84,12 @@ def count(log_path: str, commits: int) -> None:
                 phase = target.rsplit("/", 1)[-1]
                 continue
             if method == "GET" and "list-type=2" in target:
-                kind = "LIST start-after" if "start-after=" in target else "LIST whole prefix"
+                if "start-after=" in target:
+                    kind = "LIST _delta_log start-after"
+                elif "delimiter=" in target:
+                    kind = "LIST one name (get_file_info)"
+                else:
+                    kind = "LIST _delta_log whole (one per 1,000 keys)"
                 counts[phase][kind] += 1
             else:
                 counts[phase][method] += 1
@@ -92,11 +98,38 @@ def count(log_path: str, commits: int) -> None:
         print(f"{name}: per commit " + ", ".join(f"{k} {v:.1f}" for k, v in per.items()))
 
 
+def list_cost(lake: Lake, sizes: list[int], lists: int = 20) -> None:
+    """The server's own cost of one LIST with start-after near the end of a prefix (what a
+    commit's offset listings ask), with `sizes` keys under the prefix: on S3 a page's cost; a
+    server that scans every key of the bucket per LIST grows with the size."""
+    client = storage._s3_client(lake)
+    bucket = lake.root.split("/")[2]
+    made = 0
+    for size in sorted(sizes):
+        prefix = "list-cost/_delta_log/"
+        while made < size:
+            client.put_object(Bucket=bucket, Key=f"{prefix}{made:020d}.json", Body=b"{}")
+            made += 1
+        after = f"{prefix}{size - 2:020d}"
+        started = time.perf_counter()
+        for _ in range(lists):
+            client.list_objects_v2(Bucket=bucket, Prefix=prefix, StartAfter=after)
+        took = (time.perf_counter() - started) / lists
+        print(f"LIST start-after with {size} keys under the prefix: {took * 1000:.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--versions", type=int, default=1000)
     parser.add_argument("--commits", type=int, default=10)
     parser.add_argument("--log", help="keep the server's request log here")
+    parser.add_argument(
+        "--list-cost",
+        type=int,
+        nargs="+",
+        metavar="KEYS",
+        help="instead: time a LIST with start-after against the server at these key counts",
+    )
     args = parser.parse_args()
     log_path = args.log or os.path.join(tempfile.mkdtemp(), "moto.log")
     port = 20000 + os.getpid() % 20000
@@ -129,6 +162,9 @@ def main() -> None:
         bucket = lake.root.split("/")[2]
         storage._s3_client(lake).create_bucket(Bucket=bucket)
         lake = lake.checked()
+        if args.list_cost:
+            list_cost(lake, args.list_cost)
+            return
         configuration = BRONZE_EVENTS.configuration(int(DEFAULT_ERASURE_BOUND.total_seconds()))
         tables = OpenTables(lake)
         writer_commit(lake, tables, 1, configuration)
@@ -154,6 +190,8 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+    if args.list_cost:
+        return
     print(f"table at version {seq}; request log {log_path}")
     count(log_path, args.commits)
 
