@@ -10,6 +10,15 @@ table is brought up to date instead of opened).
 
     .venv/bin/python bench/history_bench.py --versions 10000
     .venv/bin/python bench/history_bench.py --versions 1000 --samples 10   # quick
+    .venv/bin/python bench/history_bench.py --stores local s3 --versions 5000
+
+`--stores` runs the same measurement on each store in turn: `local` is a lake in a temporary
+directory; `s3` is the lake OML_LAKE_URI names when that is an s3:// URI (with
+OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables, as the product reads them; the table goes
+under a fresh prefix), else an S3 API server started on loopback (`python -m moto.server`, as
+the tests do) with a fresh bucket. moto is not S3: it answers every LIST by scanning and sorting
+all keys of the bucket (start-after only drops the head of that list), where S3 pages through
+its index.
 
 Prints per point the median and 90th percentile of open, commit and their sum for both, and the
 ratios of the medians at the high point to the low one (target: at most 2x).
@@ -18,22 +27,31 @@ ratios of the medians at the high point to the low one (target: at most 2x).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
+from collections.abc import Iterator
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.transaction import PostCommitHookProperties
 
-from oml_dagster.lake import writer
+from oml_dagster.lake import deltalog, storage, writer
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
 from oml_dagster.lake.storage import Lake, OpenTables
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, CHECKPOINT_INTERVAL
 from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.settings import LAKE_URI, lake_storage_options
 
 try:
     from bench._support import machine
@@ -101,6 +119,12 @@ def measured_commit(
     }
 
 
+# Building appends skip delta-rs's expired-log cleanup after each commit (a listing of the whole
+# log, which expires nothing here: every entry is inside the retention): they are not measured,
+# and it would make building a 10,000-version table over S3 take hours. Checkpoints are written.
+_BUILD_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+
+
 def cheap_appends(table: DeltaTable, seq: int, until_version: int, rows: int) -> int:
     """Appends of `rows` rows (0: the writer's txn-only commit) with the app transaction until
     the table is at `until_version`."""
@@ -114,6 +138,7 @@ def cheap_appends(table: DeltaTable, seq: int, until_version: int, rows: int) ->
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id=APP_ID, version=seq)]
             ),
+            post_commithook_properties=_BUILD_HOOKS,
         )
     return seq
 
@@ -127,57 +152,137 @@ def summary(samples: list[dict]) -> dict:
     return {k: stats(k) for k in ("open_s", "commit_s", "total_s")}
 
 
-def run(versions: list[int], samples: int, rows: int) -> dict:
+MOTO_START_TIMEOUT_S = 30.0
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """An S3 API server (`python -m moto.server`) on a free loopback port; its endpoint."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + MOTO_START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto server exited early with rc={proc.returncode}")
+            try:
+                with urllib.request.urlopen(endpoint, timeout=1):
+                    break
+            except urllib.error.HTTPError:
+                break  # it answered: serving
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not answer on {endpoint}") from None
+                time.sleep(0.1)
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def bench_lake(store: str) -> Iterator[tuple[Lake, str]]:
+    """A fresh lake on `store` ("local" or "s3") and a line saying where it is."""
+    if store == "local":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Lake(os.path.join(tmp, "oml-lake")), "local filesystem (temporary directory)"
+        return
+    if LAKE_URI.read().startswith(("s3://", "s3a://")):
+        # The product's lake settings, under a prefix of this run's own.
+        root = f"{LAKE_URI.read().rstrip('/')}/history-bench-{uuid.uuid4().hex[:8]}"
+        lake = Lake(root, lake_storage_options()).checked()
+        yield lake, f"S3 at {lake.store}, prefix {root}"
+        return
+    with moto_server() as endpoint:
+        # The settings a deployment would set, read the way the product reads them.
+        env = {
+            "OML_LAKE_URI": f"s3://history-{uuid.uuid4().hex[:8]}/oml-lake",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+        }
+        lake = Lake(LAKE_URI.read(env), lake_storage_options(env))
+        storage._s3_client(lake).create_bucket(Bucket=lake.root.split("/")[2])
+        yield lake.checked(), f"moto {_moto_version()} S3 API server on loopback ({endpoint})"
+
+
+def _moto_version() -> str:
+    from importlib.metadata import version
+
+    return version("moto")
+
+
+def run(versions: list[int], samples: int, rows: int, store: str = "local") -> dict:
+    with bench_lake(store) as (lake, where):
+        print(f"{store}: {where}", flush=True)
+        result = _run(lake, versions, samples, rows)
+    result["store"], result["where"] = store, where
+    return result
+
+
+def _run(lake: Lake, versions: list[int], samples: int, rows: int) -> dict:
     config = WriterConfig()
     configuration = BRONZE_EVENTS.configuration(int(DEFAULT_ERASURE_BOUND.total_seconds()))
     points = []
-    with tempfile.TemporaryDirectory() as tmp:
-        lake = Lake(os.path.join(tmp, "oml-lake"))
-        uri = lake.table_uri(TENANT, BRONZE_EVENTS)
-        # Created through the writer: the table properties are the product's.
-        seq = 1
-        measured_commit(lake, seq, config, configuration)
+    uri = lake.table_uri(TENANT, BRONZE_EVENTS)
+    # Created through the writer: the table properties are the product's.
+    seq = 1
+    measured_commit(lake, seq, config, configuration)
+    table = lake.open(uri)
+    for target in versions:
+        # Start each point just past a checkpoint, so every point replays the same tail.
+        start = (target // CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
+        started = time.perf_counter()
+        seq = cheap_appends(table, seq, start - 1, rows)
+        built = time.perf_counter() - started
+        runs, kept = [], []
+        for _ in range(samples):
+            seq += 1
+            runs.append(measured_commit(lake, seq, config, configuration))
+        # The same commits from a drain that keeps the table open (its first batch opened
+        # it, untimed here): each batch brings the table up to date instead of opening it.
+        tables = OpenTables(lake)
+        tables.open(uri)
+        for _ in range(samples):
+            seq += 1
+            kept.append(measured_commit(lake, seq, config, configuration, tables))
         table = lake.open(uri)
-        for target in versions:
-            # Start each point just past a checkpoint, so every point replays the same tail.
-            start = (target // CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
-            started = time.perf_counter()
-            seq = cheap_appends(table, seq, start - 1, rows)
-            built = time.perf_counter() - started
-            runs, kept = [], []
-            for _ in range(samples):
-                seq += 1
-                runs.append(measured_commit(lake, seq, config, configuration))
-            # The same commits from a drain that keeps the table open (its first batch opened
-            # it, untimed here): each batch brings the table up to date instead of opening it.
-            tables = OpenTables(lake)
-            tables.open(uri)
-            for _ in range(samples):
-                seq += 1
-                kept.append(measured_commit(lake, seq, config, configuration, tables))
-            table = lake.open(uri)
-            log = os.listdir(os.path.join(lake.local_path(uri), "_delta_log"))
-            points.append(
-                {
-                    "target_version": target,
-                    "first_version": runs[0]["version"],
-                    "last_version": runs[-1]["version"],
-                    "build_s": round(built, 1),
-                    "checkpoints": sum(1 for name in log if ".checkpoint." in name),
-                    "log_files": len(log),
-                    "live_files": len(table.file_uris()),
-                    "samples": runs,
-                    **summary(runs),
-                    "kept_open": {"samples": kept, **summary(kept)},
-                }
-            )
-            print(
-                f"  version {runs[0]['version']}-{kept[-1]['version']}: total median "
-                f"{points[-1]['total_s']['median_ms']:.1f} ms opened, "
-                f"{points[-1]['kept_open']['total_s']['median_ms']:.1f} ms kept open "
-                f"(built in {built:.0f} s)",
-                flush=True,
-            )
+        log = deltalog.log_names(lake.filesystem(uri))
+        points.append(
+            {
+                "target_version": target,
+                "first_version": runs[0]["version"],
+                "last_version": runs[-1]["version"],
+                "build_s": round(built, 1),
+                "checkpoints": sum(1 for name in log if ".checkpoint." in name),
+                "log_files": len(log),
+                "live_files": len(table.file_uris()),
+                "samples": runs,
+                **summary(runs),
+                "kept_open": {"samples": kept, **summary(kept)},
+            }
+        )
+        print(
+            f"  version {runs[0]['version']}-{kept[-1]['version']}: total median "
+            f"{points[-1]['total_s']['median_ms']:.1f} ms opened, "
+            f"{points[-1]['kept_open']['total_s']['median_ms']:.1f} ms kept open "
+            f"(built in {built:.0f} s)",
+            flush=True,
+        )
     low, high = points[0], points[-1]
     return {
         "machine": machine(),
@@ -204,12 +309,49 @@ def main() -> None:
         help="rows per building append (0: txn-only commits, so only the measured commits add"
         " files and both points hold about as many)",
     )
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        choices=("local", "s3"),
+        default=["local"],
+        help="where the lake is, one run each, in this order (s3: see the module docstring)",
+    )
+    parser.add_argument(
+        "--s3-versions",
+        type=int,
+        help="the high version on s3 (default: --versions; a loopback S3 server is slower)",
+    )
+    parser.add_argument(
+        "--json", help="write the results here (one store: its result; more: a list of them)"
+    )
     args = parser.parse_args()
-    if args.versions <= args.low:
-        parser.error("--versions must be above --low")
-    result = run([args.low, args.versions], args.samples, args.build_rows)
-    print(result["machine"])
+    highs = {"local": args.versions, "s3": args.s3_versions or args.versions}
+    if min(highs[s] for s in args.stores) <= args.low:
+        parser.error("the high versions must be above --low")
+    results = []
+    for store in args.stores:
+        result = run([args.low, highs[store]], args.samples, args.build_rows, store)
+        results.append(result)
+        report(result)
+    if len(results) > 1:
+        print("summary:")
+        for result in results:
+            print(f"  {result['store']}: {ratios(result)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results[0] if len(results) == 1 else results, f, indent=1)
+
+
+def ratios(result: dict) -> str:
+    return (
+        f"total {result['ratio_total']:.2f}x, commit {result['ratio_commit']:.2f}x, open"
+        f" {result['ratio_open']:.2f}x; kept open (as a drain commits after its first batch):"
+        f" total {result['ratio_total_kept_open']:.2f}x (target <= 2x)"
+    )
+
+
+def report(result: dict) -> None:
+    print(f"{result['store']} ({result['where']}); {result['machine']}")
     for p in result["points"]:
         print(
             f"version {p['first_version']:>6}-{p['last_version']:<6} ({p['live_files']} files,"
@@ -220,15 +362,7 @@ def main() -> None:
             f" {p['kept_open']['commit_s']['median_ms']:.1f} ms, total median"
             f" {p['kept_open']['total_s']['median_ms']:.1f} ms"
         )
-    print(
-        f"ratio high/low (medians): total {result['ratio_total']:.2f}x, commit"
-        f" {result['ratio_commit']:.2f}x, open {result['ratio_open']:.2f}x; kept open (as a drain"
-        f" commits after its first batch): total {result['ratio_total_kept_open']:.2f}x"
-        " (target <= 2x)"
-    )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    print(f"ratio high/low (medians): {ratios(result)}", flush=True)
 
 
 if __name__ == "__main__":

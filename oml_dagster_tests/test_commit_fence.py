@@ -13,11 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from oml_dagster.lake import sequencer
+from oml_dagster.lake import sequencer, writer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.errors import InconsistentFrontier
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.tables import APP_ID, CORE_TABLES, GOLD_AREAS, SILVER_CLAIMS
+from oml_dagster.lake.storage import Lake, OpenTables
+from oml_dagster.lake.tables import (
+    APP_ID,
+    BRONZE_EVENTS,
+    CORE_TABLES,
+    GOLD_AREAS,
+    SILVER_CLAIMS,
+)
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts
 from oml_dagster_tests.helpers import (
@@ -215,6 +221,56 @@ def test_checkpoint_every_100_versions(conn, lake, tenant):
     last = Path(uri, "_delta_log", "_last_checkpoint").read_text()
     assert json.loads(last)["version"] >= 99
     assert table.metadata().configuration["delta.checkpointInterval"] == "100"
+
+
+def test_only_the_checkpoint_commit_expires_the_log(lake):
+    """delta-rs would list the whole `_delta_log` after every commit to expire old entries; the
+    writer lets only the commit that writes a checkpoint do it (maintenance's daily log cleanup
+    does the rest), so entries that have outlived the retention stay until that commit."""
+    tenant_id = str(new_id())
+    # A checkpoint every 10 versions keeps the test short; retention one hour.
+    configuration = {**BRONZE_EVENTS.configuration(3600), "delta.checkpointInterval": "10"}
+    tables = OpenTables(lake)
+    seq = 0
+
+    def commit() -> int:
+        nonlocal seq
+        seq += 1
+        handle = writer._handle(tables, tenant_id, BRONZE_EVENTS)
+        outcome = writer._commit_table(
+            lake,
+            tenant_id,
+            handle,
+            lambda _txn: BRONZE_EVENTS.schema.empty_table(),
+            [seq],
+            seq,
+            seq + 1,  # another table is ahead of this batch: a txn-only commit
+            WriterConfig(),
+            configuration,
+        )
+        tables.keep(handle.uri, handle.table)
+        return outcome.version
+
+    while commit() < 12:
+        pass
+    uri = lake.table_uri(tenant_id, BRONZE_EVENTS)
+    log_dir = Path(uri, "_delta_log")
+    assert (log_dir / "00000000000000000009.checkpoint.parquet").exists()
+    # Everything so far, the checkpoint at 9 included, outlived the retention two days ago.
+    aged = 1_000_000_000
+    for entry in log_dir.iterdir():
+        os.utime(entry, (aged, aged))
+
+    while commit() < 18:
+        pass
+    assert (log_dir / "00000000000000000000.json").exists()
+    assert commit() == 19  # writes the checkpoint at 19, then expires what the one at 9 covers
+    log = {p.name for p in log_dir.iterdir()}
+    assert "00000000000000000019.checkpoint.parquet" in log
+    assert not any(f"{v:020d}.json" in log for v in range(9))
+    assert "00000000000000000009.checkpoint.parquet" in log
+    assert {f"{v:020d}.json" for v in range(9, 20)} <= log
+    assert lake.open(uri).transaction_version(APP_ID) == seq
 
 
 def test_body_ciphertext_has_no_statistics_in_log_or_parquet(conn, lake, tenant):

@@ -29,7 +29,13 @@ import orjson
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    PostCommitHookProperties,
+    Transaction,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from oml_dagster.settings import FOLD_TIMEOUT_SECONDS, MAX_BATCH
@@ -312,6 +318,31 @@ def _commit_properties(
     )
 
 
+# Unless told otherwise, delta-rs expires old log entries after every commit, and to find them it
+# lists the whole `_delta_log`: every commit inside the erasure bound stays there, so that one
+# listing made each commit's cost grow with the table's history (decision 0030). The writer
+# leaves log expiry to the commits that write a checkpoint (the spec's "log cleanup with
+# checkpointing") and to maintenance's daily log cleanup, which the erasure SLO counts on.
+_NO_LOG_CLEANUP = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+# delta-rs's checkpoint interval for a table without `delta.checkpointInterval`.
+_DELTA_CHECKPOINT_INTERVAL = 100
+
+
+def post_commit_hooks(table: DeltaTable | None) -> PostCommitHookProperties | None:
+    """What runs after the writer's next commit on `table` (None: delta-rs's defaults, the table's
+    properties decide). The commit that writes a checkpoint keeps the defaults: the checkpoint,
+    then expired-log cleanup. Every other commit writes no checkpoint anyway and skips the
+    cleanup. A table being created (None) keeps the defaults. The writer's commits never retry,
+    so the next commit's version is the table's version plus one."""
+    if table is None:
+        return None
+    configured = table.metadata().configuration.get("delta.checkpointInterval")
+    interval = int(configured) if configured else _DELTA_CHECKPOINT_INTERVAL
+    version = table.version() + 1
+    # delta-rs checkpoints after committing `version` when (version + 1) % interval == 0.
+    return None if (version + 1) % interval == 0 else _NO_LOG_CLEANUP
+
+
 def _write(
     handle: _Handle,
     lake: Lake,
@@ -341,6 +372,7 @@ def _write(
                 writer_properties=parquet,
                 streamed_exec=False,
                 commit_properties=props,
+                post_commithook_properties=post_commit_hooks(handle.table),
             )
             .when_matched_update_all()
             .when_not_matched_insert_all()
@@ -362,6 +394,7 @@ def _write(
         storage_options=(lake.storage_options or None) if created else None,
         writer_properties=parquet,
         commit_properties=props,
+        post_commithook_properties=post_commit_hooks(handle.table),
     )
     return data.num_rows, 0
 
