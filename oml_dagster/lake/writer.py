@@ -447,8 +447,11 @@ def _commit_table(
     last_conflict: Exception | None = None
     for attempt in range(1, config.max_commit_attempts + 1):
         outcome.attempts = attempt
-        txn = _txn(handle.table)
-        outcome.txn_after = txn
+        # The handle's txn was read from this very table state; after a conflict the table was
+        # reloaded, so it is read again. (Each read replays the log since the last checkpoint:
+        # one GET per commit on S3.)
+        txn = handle.txn if attempt == 1 else _txn(handle.table)
+        handle.txn = outcome.txn_after = txn
         if batch_end <= txn:
             outcome.action = SKIPPED
             return outcome
@@ -498,7 +501,7 @@ def _commit_table(
         outcome.action = COMMITTED if rows.num_rows else TXN_ONLY
         outcome.rows = rows.num_rows
         outcome.rows_added, outcome.rows_updated = added, updated
-        outcome.txn_after = batch_end
+        handle.txn = outcome.txn_after = batch_end  # the app transaction just committed
         outcome.version = handle.table.version()
         return outcome
     raise ConflictingCommit(
@@ -818,7 +821,7 @@ def _update_frontier(conn, tenant_id: str, handles: dict[str, _Handle], batch_en
                     tenant_id,
                     h.name,
                     batch_end,
-                    _txn(h.table),
+                    h.txn,
                     h.table.version() if h.table is not None else None,
                 ),
             )
