@@ -150,17 +150,47 @@ def background(args: list[str], env: dict[str, str], log: Path) -> Iterator[subp
             _stop_group(proc)
 
 
+def _started(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process, from /proc."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[19])
+    return None
+
+
+def _descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every live process below `pid`: a daemon's code servers run in
+    sessions of their own, out of reach of its process group."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        if (found := _started(int(entry))) is not None:
+            children.setdefault(found[0], []).append((int(entry), found[1]))
+    below, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            below.append(child)
+            todo.append(child[0])
+    return below
+
+
 def _stop_group(proc: subprocess.Popen) -> None:
     if proc.poll() is not None:
         return
+    below = _descendants(proc.pid)
     for sig, wait in ((signal.SIGINT, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
             proc.wait(wait)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    # What outlived the group (a code server whose daemon is gone) is stopped too.
+    for pid, start in below:
+        if (now := _started(pid)) is not None and now[1] == start:  # not a reused pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
