@@ -31,14 +31,10 @@ import contextlib
 import datetime as dt
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -53,10 +49,11 @@ from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, CHECKPOINT_INTERVAL
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.settings import LAKE_URI, lake_storage_options
 
-try:
-    from bench._support import machine
-except ImportError:  # run as a script
-    from _support import machine
+if __package__ is None or __package__ == "":  # run as a script: the repository's root first
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._support import machine  # noqa: E402
+from oml_dagster_tests.s3_server import lake_env, moto_server  # noqa: E402
 
 TENANT = str(uuid.UUID(int=10, version=4))
 
@@ -111,6 +108,8 @@ def measured_commit(
     )
     done = time.perf_counter()
     assert outcome.action == "committed", outcome
+    if tables is not None:  # as a drain does after its batch: the table and its new txn
+        tables.keep(handle.uri, handle.table, handle.txn)
     return {
         "version": outcome.version,
         "open_s": opened - started,
@@ -152,46 +151,6 @@ def summary(samples: list[dict]) -> dict:
     return {k: stats(k) for k in ("open_s", "commit_s", "total_s")}
 
 
-MOTO_START_TIMEOUT_S = 30.0
-
-
-@contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """An S3 API server (`python -m moto.server`) on a free loopback port; its endpoint."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + MOTO_START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto server exited early with rc={proc.returncode}")
-            try:
-                with urllib.request.urlopen(endpoint, timeout=1):
-                    break
-            except urllib.error.HTTPError:
-                break  # it answered: serving
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not answer on {endpoint}") from None
-                time.sleep(0.1)
-        yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @contextlib.contextmanager
 def bench_lake(store: str) -> Iterator[tuple[Lake, str]]:
     """A fresh lake on `store` ("local" or "s3") and a line saying where it is."""
@@ -207,14 +166,7 @@ def bench_lake(store: str) -> Iterator[tuple[Lake, str]]:
         return
     with moto_server() as endpoint:
         # The settings a deployment would set, read the way the product reads them.
-        env = {
-            "OML_LAKE_URI": f"s3://history-{uuid.uuid4().hex[:8]}/oml-lake",
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ALLOW_HTTP": "true",
-        }
+        env = lake_env(endpoint, f"history-{uuid.uuid4().hex[:8]}")
         lake = Lake(LAKE_URI.read(env), lake_storage_options(env))
         storage._s3_client(lake).create_bucket(Bucket=lake.root.split("/")[2])
         yield lake.checked(), f"moto {_moto_version()} S3 API server on loopback ({endpoint})"

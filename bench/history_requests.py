@@ -19,7 +19,6 @@ import collections
 import contextlib
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,33 +28,18 @@ import uuid
 
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from oml_dagster.lake import storage, writer
+from oml_dagster.lake import storage
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
 from oml_dagster.lake.storage import Lake, OpenTables
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.settings import LAKE_URI, lake_storage_options
 
-try:
-    from bench.history_bench import TENANT, cheap_appends, event_rows
-except ImportError:  # run as a script
-    from history_bench import TENANT, cheap_appends, event_rows
+if __package__ is None or __package__ == "":  # run as a script: the repository's root first
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def writer_commit(lake: Lake, tables: OpenTables, seq: int, configuration: dict) -> None:
-    handle = writer._handle(tables, TENANT, BRONZE_EVENTS)
-    outcome = writer._commit_table(
-        lake,
-        TENANT,
-        handle,
-        lambda _txn: event_rows(seq),
-        [seq],
-        seq,
-        handle.txn,
-        WriterConfig(),
-        configuration,
-    )
-    assert outcome.action == "committed", outcome
+from bench.history_bench import TENANT, cheap_appends, event_rows, measured_commit  # noqa: E402
+from oml_dagster_tests.s3_server import lake_env, moto_server  # noqa: E402
 
 
 def default_hook_commit(lake: Lake, tables: OpenTables, seq: int) -> None:
@@ -132,32 +116,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     log_path = args.log or os.path.join(tempfile.mkdtemp(), "moto.log")
-    port = 20000 + os.getpid() % 20000
-    endpoint = f"http://127.0.0.1:{port}"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(endpoint, timeout=1).close()
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                time.sleep(0.1)
-        env = {
-            "OML_LAKE_URI": f"s3://requests-{uuid.uuid4().hex[:8]}/oml-lake",
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ALLOW_HTTP": "true",
-        }
+    with moto_server(log_path) as endpoint:
+        env = lake_env(endpoint, f"requests-{uuid.uuid4().hex[:8]}")
         lake = Lake(LAKE_URI.read(env), lake_storage_options(env))
         bucket = lake.root.split("/")[2]
         storage._s3_client(lake).create_bucket(Bucket=bucket)
@@ -167,7 +127,7 @@ def main() -> None:
             return
         configuration = BRONZE_EVENTS.configuration(int(DEFAULT_ERASURE_BOUND.total_seconds()))
         tables = OpenTables(lake)
-        writer_commit(lake, tables, 1, configuration)
+        measured_commit(lake, 1, WriterConfig(), configuration, tables)
         uri = lake.table_uri(TENANT, BRONZE_EVENTS)
         # Stop short of a checkpoint commit, so both phases are ordinary commits.
         seq = cheap_appends(lake.open(uri), 1, args.versions, 0)
@@ -181,15 +141,12 @@ def main() -> None:
         mark("writer")
         for _ in range(args.commits):
             seq += 1
-            writer_commit(lake, tables, seq, configuration)
+            measured_commit(lake, seq, WriterConfig(), configuration, tables)
         mark("default_hook")
         for _ in range(args.commits):
             seq += 1
             default_hook_commit(lake, tables, seq)
         mark("end")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     if args.list_cost:
         return
     print(f"table at version {seq}; request log {log_path}")

@@ -4,12 +4,6 @@ fresh lake directory, tenants, and readers of the lake's tables."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -20,6 +14,7 @@ from oml_dagster.lake import db
 from oml_dagster.lake.storage import Lake, read_rows
 from oml_dagster.lake.tables import GOLD_CURATED, TableSpec
 from oml_dagster.simulate import producer
+from oml_dagster_tests.s3_server import moto_server
 
 ADMIN_DSN = os.environ.get("OML_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -99,56 +94,14 @@ def curated_rows(lake: Lake, tenant_id: str, workarea_id: str) -> list[dict]:
     return table_rows(lake, tenant_id, GOLD_CURATED, workarea_id)
 
 
-MOTO_START_TIMEOUT_S = 30.0
-
-
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_until_serving(proc: subprocess.Popen, endpoint: str) -> None:
-    deadline = time.monotonic() + MOTO_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"moto server exited early with rc={proc.returncode}")
-        try:
-            with urllib.request.urlopen(endpoint, timeout=1):
-                return
-        except urllib.error.HTTPError:
-            return  # it answered: serving
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            time.sleep(0.1)
-    raise RuntimeError(f"moto server did not answer on {endpoint} in {MOTO_START_TIMEOUT_S}s")
-
-
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory) -> Iterator[str]:
     """A real S3 API server (``python -m moto.server``) on a free loopback port, for the session.
 
     The process is terminated (then killed if it lingers) at teardown, which frees the port.
     """
-    port = _free_loopback_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("moto") / "moto-server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        try:
-            _wait_until_serving(proc, endpoint)
-            yield endpoint
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto-server.log") as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

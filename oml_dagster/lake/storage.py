@@ -25,7 +25,7 @@ from oml_dagster.settings import LAKE_URI, lake_storage_options
 
 from . import deltalog
 from .errors import UnsupportedObjectStore
-from .tables import GOLD_CURATED, TableId, TableSpec
+from .tables import APP_ID, GOLD_CURATED, TableId, TableSpec
 
 # Options naming each way a store can be told to commit without put-if-absent.
 _UNSAFE_OPTIONS = {
@@ -124,7 +124,7 @@ class OpenTables:
     """Delta tables kept open across one drain's batches: a table already open is brought to its
     latest version with `update_incremental` (one read of the log's next entry) instead of being
     opened again (a listing of the log and a replay from the last checkpoint), and gold.areas'
-    rows are read again only when its version changed.
+    rows and each table's app transaction are read again only when its version changed.
 
     A table deleted under a drain (its prefix removed for a rebuild) would keep its old state
     through `update_incremental`, so each reuse checks that the log still holds the entry of
@@ -136,6 +136,7 @@ class OpenTables:
         self.lake = lake
         self._tables: dict[str, DeltaTable] = {}
         self._rows: dict[str, tuple[int, pa.Table]] = {}
+        self._txns: dict[str, tuple[int, int]] = {}
 
     def open(self, uri: str) -> DeltaTable | None:
         """The table at `uri` at its latest version, or None when there is none."""
@@ -156,12 +157,29 @@ class OpenTables:
         except TableNotFoundError:  # a local table's directory is gone
             return False
 
-    def keep(self, uri: str, table: DeltaTable | None) -> None:
-        """Use `table` (reopened after a conflict, or just created) for `uri` from now on."""
+    def keep(self, uri: str, table: DeltaTable | None, txn: int | None = None) -> None:
+        """Use `table` (reopened after a conflict, or just created) for `uri` from now on;
+        `txn`, when given, is its app transaction at its version (the writer knows the one it
+        committed)."""
         if table is None:
             self.forget(uri)
-        else:
-            self._tables[uri] = table
+            return
+        self._tables[uri] = table
+        if txn is not None:
+            self._txns[uri] = (table.version(), txn)
+
+    def txn(self, uri: str, table: DeltaTable | None) -> int:
+        """The writer's app transaction version in `table` (0: no table, or none recorded),
+        read from the log only when the table's version changed: each read replays the log
+        since the last checkpoint (one GET per commit on S3)."""
+        if table is None:
+            return 0
+        version = table.version()
+        cached = self._txns.get(uri)
+        if cached is None or cached[0] != version:
+            cached = (version, table.transaction_version(APP_ID) or 0)
+            self._txns[uri] = cached
+        return cached[1]
 
     def rows(self, uri: str, table: DeltaTable, spec: TableSpec) -> list[dict]:
         """`read_rows(table, spec)`, read again only when the table's version changed (fresh
@@ -175,7 +193,7 @@ class OpenTables:
 
     def forget(self, prefix: str) -> None:
         """Drop every table at or under `prefix` (a tenant whose batch failed: reopen all)."""
-        for cache in (self._tables, self._rows):
+        for cache in (self._tables, self._rows, self._txns):
             for uri in [u for u in cache if u == prefix or u.startswith(prefix + "/")]:
                 del cache[uri]
 

@@ -167,7 +167,7 @@ def _handle(
 ) -> _Handle:
     uri = tables.lake.table_uri(tenant_id, spec, workarea_id)
     table = tables.open(uri)
-    return _Handle(spec, TableId(spec.name, workarea_id), uri, table, _txn(table))
+    return _Handle(spec, TableId(spec.name, workarea_id), uri, table, tables.txn(uri, table))
 
 
 # --- Postgres reads ----------------------------------------------------------------------------
@@ -654,7 +654,7 @@ def _drain_batch(
     commit(handles[SILVER_CLAIMS.name], state.silver)
     commit(handles[GOLD_AREAS.name], state.areas)
     for handle in handles.values():  # created, or reopened after a conflict
-        tables.keep(handle.uri, handle.table)
+        tables.keep(handle.uri, handle.table, handle.txn)
     _update_frontier(conn, tenant_id, handles, batch_end)
     return result
 

@@ -1,0 +1,76 @@
+"""A real S3 API server (`python -m moto.server`) on a free loopback port, for the tests that
+need an object store and for the benchmarks that measure one."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+START_TIMEOUT_S = 30.0
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until_serving(proc: subprocess.Popen, endpoint: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"moto server exited early with rc={proc.returncode}")
+        try:
+            with urllib.request.urlopen(endpoint, timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return  # it answered: serving
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            time.sleep(0.1)
+    raise RuntimeError(f"moto server did not answer on {endpoint} in {START_TIMEOUT_S}s")
+
+
+@contextlib.contextmanager
+def moto_server(log_path: str | Path | None = None) -> Iterator[str]:
+    """The server's endpoint while it runs; its output (one line per request) goes to
+    `log_path` when given. Terminated (then killed if it lingers) on exit, which frees the
+    port."""
+    port = _free_loopback_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(log_path, "wb")) if log_path else subprocess.DEVNULL
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            _wait_until_serving(proc, endpoint)
+            yield endpoint
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def lake_env(endpoint: str, bucket: str) -> dict[str, str]:
+    """The settings a deployment would set for a lake in `bucket` on the server at `endpoint`."""
+    return {
+        "OML_LAKE_URI": f"s3://{bucket}/oml-lake",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+    }
