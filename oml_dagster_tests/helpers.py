@@ -11,7 +11,13 @@ import pyarrow.parquet as pq
 
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import read_rows, tenant_tables
-from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_AREAS, GOLD_LINEAGE, SILVER_CLAIMS
+from oml_dagster.lake.tables import (
+    BRONZE_EVENTS,
+    GOLD_AREAS,
+    GOLD_LINEAGE,
+    SILVER_CLAIMS,
+    writer_properties,
+)
 from oml_dagster.simulate import acts
 from oml_dagster_tests.conftest import by_key, table_rows
 
@@ -136,3 +142,22 @@ def holds(content: bytes, needle: bytes) -> bool:
         c for c in table.columns if pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type)
     )
     return any(v is not None and needle in v for column in binary for v in column.to_pylist())
+
+
+def merge_rows(table, spec, rows: list[dict]) -> None:
+    """MERGE `rows` into `table` on the spec's merge key, as the writer does (its files then hold
+    the view types a MERGE writes)."""
+    predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
+    (
+        table.merge(
+            pa.Table.from_pylist(rows, schema=spec.schema),
+            predicate,
+            source_alias="s",
+            target_alias="t",
+            writer_properties=writer_properties(spec),
+            streamed_exec=False,
+        )
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute()
+    )

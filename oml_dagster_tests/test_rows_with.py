@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from oml_dagster.lake.storage import Lake, read_rows, rows_with
 from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_LINEAGE, writer_properties
+from oml_dagster_tests.helpers import merge_rows
 
 
 def _edges(n: int, simulation_id: str | None = None) -> list[dict]:
@@ -48,19 +49,7 @@ def lineage(tmp_path_factory):
         write_deltalake(uri, data, mode="append", writer_properties=props)
     table = Lake(str(tmp_path_factory.getbasetemp())).open(uri)
     changed = [dict(r, state="demoted") for r in rows[50:150]]
-    (
-        table.merge(
-            pa.Table.from_pylist(changed, schema=GOLD_LINEAGE.schema),
-            "t.edge_id = s.edge_id",
-            source_alias="s",
-            target_alias="t",
-            writer_properties=props,
-            streamed_exec=False,
-        )
-        .when_matched_update_all()
-        .when_not_matched_insert_all()
-        .execute()
-    )
+    merge_rows(table, GOLD_LINEAGE, changed)
     return table, read_rows(table, GOLD_LINEAGE)
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from oml_dagster.lake import writer
 from oml_dagster.lake.storage import Lake, read_rows
 from oml_dagster.lake.tables import SILVER_CLAIMS, writer_properties
+from oml_dagster_tests.helpers import merge_rows
 
 SIMS = ["sim-a", "sim-b", "sim-c"]
 AREAS = ["area-1", "area-2", "area-3"]
@@ -73,19 +74,7 @@ def silver(tmp_path_factory):
         write_deltalake(uri, data, mode="append", writer_properties=props)
     table = Lake(str(root)).open(uri)
     changed = [dict(r, state="demoted") for r in parts[0][30:] + parts[1][:30]]
-    (
-        table.merge(
-            pa.Table.from_pylist(changed, schema=SILVER_CLAIMS.schema),
-            "t.artifact_id = s.artifact_id AND t.version = s.version",
-            source_alias="s",
-            target_alias="t",
-            writer_properties=props,
-            streamed_exec=False,
-        )
-        .when_matched_update_all()
-        .when_not_matched_insert_all()
-        .execute()
-    )
+    merge_rows(table, SILVER_CLAIMS, changed)
     return table, read_rows(table, SILVER_CLAIMS)
 
 
