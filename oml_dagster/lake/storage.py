@@ -169,15 +169,14 @@ class OpenTables:
             self._txns[uri] = (table.version(), txn)
 
     def txn(self, uri: str, table: DeltaTable | None) -> int:
-        """The writer's app transaction version in `table` (0: no table, or none recorded),
-        read from the log only when the table's version changed: each read replays the log
-        since the last checkpoint (one GET per commit on S3)."""
+        """`app_txn(table)`, read from the log only when the table's version changed: each read
+        replays the log since the last checkpoint (one GET per commit on S3)."""
         if table is None:
             return 0
         version = table.version()
         cached = self._txns.get(uri)
         if cached is None or cached[0] != version:
-            cached = (version, table.transaction_version(APP_ID) or 0)
+            cached = (version, app_txn(table))
             self._txns[uri] = cached
         return cached[1]
 
@@ -196,6 +195,12 @@ class OpenTables:
         for cache in (self._tables, self._rows, self._txns):
             for uri in [u for u in cache if u == prefix or u.startswith(prefix + "/")]:
                 del cache[uri]
+
+
+def app_txn(table: DeltaTable | None) -> int:
+    """The writer's app transaction version in `table`, read from its log (0: no table, or none
+    recorded). Each call replays the log since the last checkpoint: a drain asks `OpenTables`."""
+    return (table.transaction_version(APP_ID) or 0) if table is not None else 0
 
 
 def _option(lake: Lake, names: tuple[str, ...], env: str) -> str | None:

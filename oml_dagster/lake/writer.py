@@ -52,7 +52,7 @@ from .errors import (
 )
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
-from .storage import Lake, OpenTables, query, rows_with, sql_text
+from .storage import Lake, OpenTables, app_txn, query, rows_with, sql_text
 from .tables import (
     APP_ID,
     BRONZE_EVENTS,
@@ -158,10 +158,6 @@ class _Handle:
         return str(self.id)
 
 
-def _txn(table: DeltaTable | None) -> int:
-    return (table.transaction_version(APP_ID) or 0) if table is not None else 0
-
-
 def _handle(
     tables: OpenTables, tenant_id: str, spec: TableSpec, workarea_id: str | None = None
 ) -> _Handle:
@@ -220,6 +216,7 @@ def _matching_silver_keys(table: DeltaTable, sims: set, tainted: set, workareas:
     def strings(values: set) -> pa.Array:
         return pa.array(sorted(values), pa.string())
 
+    sims_in, tainted_in, workareas_in = strings(sims), strings(tainted), strings(workareas)
     fields = {name: SILVER_CLAIMS.schema.field(name).type for name in _LIGHT}
     keys: set = set()
     for fragment in table.to_pyarrow_dataset().get_fragments():
@@ -227,13 +224,13 @@ def _matching_silver_keys(table: DeltaTable, sims: set, tainted: set, workareas:
         light = fragment.to_table(columns=list(_LIGHT))
         light = pa.table({name: pc.cast(light[name], kind) for name, kind in fields.items()})
         mask = pc.or_(
-            pc.is_in(light["simulation_id"], value_set=strings(sims)),
-            pc.is_in(light["workarea_id"], value_set=strings(workareas)),
+            pc.is_in(light["simulation_id"], value_set=sims_in),
+            pc.is_in(light["workarea_id"], value_set=workareas_in),
         )
         found = [light.filter(pc.fill_null(mask, False))]
         if tainted:
             derived = light["sim_derived_ids"].combine_chunks()
-            hit = pc.is_in(pc.list_flatten(derived), value_set=strings(tainted))
+            hit = pc.is_in(pc.list_flatten(derived), value_set=tainted_in)
             rows = pc.unique(pc.filter(pc.list_parent_indices(derived), pc.fill_null(hit, False)))
             found.append(light.take(rows))
         for part in found:
@@ -450,7 +447,7 @@ def _commit_table(
         # The handle's txn was read from this very table state; after a conflict the table was
         # reloaded, so it is read again. (Each read replays the log since the last checkpoint:
         # one GET per commit on S3.)
-        txn = handle.txn if attempt == 1 else _txn(handle.table)
+        txn = handle.txn if attempt == 1 else app_txn(handle.table)
         handle.txn = outcome.txn_after = txn
         if batch_end <= txn:
             outcome.action = SKIPPED
