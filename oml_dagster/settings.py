@@ -228,6 +228,16 @@ SHARD_RUN_SECONDS = _seconds_setting(
     "How long one shard run keeps draining its shard's tenants (0: one pass per run).",
     zero=True,
 )
+SHARD_STANDING: Setting[bool] = Setting(
+    "OML_SHARD_STANDING",
+    True,
+    _switch,
+    "1/true/yes/on or 0/false/no/off (unset: on)",
+    "The sensor keeps a run in flight for every shard, pending or not, and a shard run out of "
+    "work polls the outbox until OML_SHARD_RUN_SECONDS (on); or runs only for shards with "
+    "pending tenants, each ending at its first idle pass (off).",
+    shown_default="on",
+)
 DRAIN_SHARDS: Setting[int] = _count_setting(
     "OML_DRAIN_SHARDS",
     4,
@@ -306,6 +316,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     RUN_DRAIN_SECONDS,
     DRAIN_SHARDS,
     SHARD_RUN_SECONDS,
+    SHARD_STANDING,
     SENSOR_INTERVAL_SECONDS,
     FRESHNESS_BOUND_SECONDS,
     FRESHNESS_INTERVAL_SECONDS,

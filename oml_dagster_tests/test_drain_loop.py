@@ -4,6 +4,7 @@ its own tenants are idle, whatever other tenants do, and at its time cap."""
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 
 import pyarrow as pa
@@ -50,6 +51,45 @@ def test_the_time_cap_ends_the_loop_after_the_pass_under_way(conn, lake):
 
     with pytest.raises(ValueError, match="max_seconds"):
         drain(conn, lake, [work.tenant_id], max_seconds=-1)
+
+
+def test_a_polling_drain_waits_for_work_until_its_cap(conn, lake):
+    """A standing shard run's drain (ADR 0032): an idle pass does not end it; ops that arrive
+    while it polls are sequenced and drained by it; it ends at its cap, not before, and keeps
+    only the passes that did something."""
+    work = seed_tenant(conn, bad=False)
+    idle: list[float] = []
+
+    def arrive(p: DrainPass) -> None:
+        if not p.progressed:
+            idle.append(time.monotonic())
+            if len(idle) == 2:
+                more_acts(conn, work, 3)
+
+    started = time.monotonic()
+    passes = drain(
+        conn,
+        lake,
+        until_idle=True,
+        config=SMALL,
+        owns=lambda t: t == work.tenant_id,
+        on_pass=arrive,
+        max_seconds=3.0,
+        poll_seconds=0.2,
+    )
+    took = time.monotonic() - started
+
+    assert took >= 3.0
+    assert len(idle) > 3  # it kept polling after the late ops were drained
+    assert all(p.progressed for p in passes)
+    late = [p for p in passes if p.batches and p.batches[0].ops and p.sequenced_here]
+    assert late and sum(p.sequenced_here for p in passes[1:]) >= 3
+    assert sequencer.pending_tenants(conn, [work.tenant_id]) == []
+
+    with pytest.raises(ValueError, match="poll_seconds"):
+        drain(conn, lake, until_idle=True, poll_seconds=0.5)  # unbounded: refused
+    with pytest.raises(ValueError, match="poll_seconds"):
+        drain(conn, lake, until_idle=True, max_seconds=1, poll_seconds=0)
 
 
 def test_a_drain_keeps_no_batch_it_has_folded(conn, lake, monkeypatch):

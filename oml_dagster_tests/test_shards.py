@@ -16,6 +16,7 @@ from oml_dagster.defs.assets import TABLE_OF
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import LakeResource, PostgresResource, WriterResource
 from oml_dagster.defs.shards import SHARD_TAG, shard_of
+from oml_dagster.lake import sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import tenant_tables
 
@@ -35,18 +36,18 @@ from .test_sensor import add_run
 SILVER = AssetKey(["silver", "claims"])
 
 
-def resources(shards: int) -> dict:
-    return {
-        "postgres": PostgresResource(),
-        "lake": LakeResource(),
-        "writer": WriterResource(drain_shards=shards, shard_drain_seconds=5),
-    }
+def resources(shards: int, *, standing: bool = False, cap: float = 5) -> dict:
+    """Shard runs that end at their first idle pass unless `standing` (ADR 0032)."""
+    writer = WriterResource(drain_shards=shards, shard_drain_seconds=cap, shard_standing=standing)
+    return {"postgres": PostgresResource(), "lake": LakeResource(), "writer": writer}
 
 
-def tick(defs, instance, shards: int):
+def tick(defs, instance, shards: int, *, standing: bool = False):
     sensor = defs.get_sensor_def("outbox_sensor")
     with build_sensor_context(
-        instance_ref=instance.get_ref(), definitions=defs, resources=resources(shards)
+        instance_ref=instance.get_ref(),
+        definitions=defs,
+        resources=resources(shards, standing=standing),
     ) as context:
         data = sensor.evaluate_tick(context)
     for request in data.dynamic_partitions_requests or []:
@@ -114,6 +115,103 @@ def test_the_sensor_requests_one_run_per_shard_with_pending_tenants(conn, lake, 
     assert len(per_tenant.run_requests) == 3
 
 
+def test_standing_runs_are_kept_for_every_shard_pending_or_not(conn, lake, defs, instance):
+    """With standing shard runs (the default, ADR 0032) each tick asks for a run for every shard
+    with none in flight, whether its tenants have pending ops or not."""
+    tenants_of_shards(conn, lake, 3, {1: 1})
+
+    data = tick(defs, instance, 3, standing=True)
+    runs = {r.tags[SHARD_TAG]: r for r in data.run_requests}
+    assert set(runs) == {"0/3", "1/3", "2/3"}
+    assert runs["1/3"].tags["oml/pending_tenants"] == "1"
+    assert runs["0/3"].tags["oml/pending_tenants"] == "0"
+
+    add_shard_run(instance, "0/3", DagsterRunStatus.STARTED)
+    add_shard_run(instance, "2/3", DagsterRunStatus.QUEUED)
+    busy = tick(defs, instance, 3, standing=True)
+    assert {r.tags[SHARD_TAG] for r in busy.run_requests} == {"1/3"}
+    # An idle shard's run is keyed by the tick's time: it is asked for again once its last
+    # run has ended (the same key would make Dagster skip it).
+    later = tick(defs, instance, 3, standing=True)
+    assert {r.tags[SHARD_TAG] for r in later.run_requests} == {"1/3"}
+    assert WriterResource().standing() is True
+
+
+def test_a_standing_run_near_its_cap_gets_its_successor_queued_once(instance):
+    """The handover (ADR 0032): once the shard's only run in flight has run `handover_after`
+    seconds, the sensor asks for its successor, keyed by that run's id, so the successor waits
+    in the queue and starts when it ends; not before that, and not for a shard already
+    holding a successor."""
+    import datetime as dt
+
+    from dagster._core.events import DagsterEvent, DagsterEventType
+
+    from oml_dagster.defs.sensors import shard_requests
+
+    running = add_shard_run(instance, "0/2", DagsterRunStatus.STARTED)
+    start = DagsterEvent(
+        event_type_value=DagsterEventType.RUN_START.value, job_name="lake_writer_shard_job"
+    )
+    instance.report_dagster_event(start, run_id=running.run_id)
+    add_shard_run(instance, "1/2", DagsterRunStatus.STARTED)
+    add_shard_run(instance, "1/2", DagsterRunStatus.QUEUED)  # its successor, already queued
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5)
+    late = soon + dt.timedelta(seconds=300)
+
+    def asked(now):
+        requests = shard_requests(instance, [], {}, 2, standing=True, handover_after=250, now=now)
+        return {r.tags[SHARD_TAG]: r.run_key for r in requests}
+
+    assert asked(soon) == {}
+    assert asked(late) == {"0/2": f"shard:0/2:after:{running.run_id}"}
+    assert asked(late + dt.timedelta(seconds=30)) == asked(late)  # the same key: asked once
+    no_handover = shard_requests(instance, [], {}, 2, standing=True, now=late)
+    assert no_handover == []
+    assert WriterResource(shard_standing=False).standing() is False
+
+
+def test_a_standing_shard_run_drains_ops_that_arrive_while_it_waits(
+    conn, lake, defs, instance, dsn
+):
+    """A standing run outlives its shard's backlog: ops written after it went idle are drained
+    and reported by the same run, which ends at its cap."""
+    import threading
+    import time
+
+    import psycopg
+
+    (work,) = tenants_of_shards(conn, lake, 1, {0: 1})[0]
+    tick(defs, instance, 1)
+
+    def later() -> None:
+        time.sleep(3)
+        with psycopg.connect(dsn, autocommit=True) as other:
+            more_acts(other, work, n=3)
+
+    writer = threading.Thread(target=later)
+    job = defs.resolve_job_def("lake_writer_shard_job")
+    started = time.monotonic()
+    writer.start()
+    result = job.execute_in_process(
+        run_config={"ops": {"drain_shard": {"config": {"shard": 0, "shards": 1}}}},
+        instance=instance,
+        resources=resources(1, standing=True, cap=8),
+    )
+    writer.join()
+    took = time.monotonic() - started
+
+    assert result.success
+    assert took >= 8
+    total = conn.execute(
+        "SELECT count(*), max(seq) FROM oml.outbox WHERE tenant_id = %s", (work.tenant_id,)
+    ).fetchone()
+    assert sequencer.pending_tenants(conn, [work.tenant_id]) == []
+    records = instance.fetch_materializations(SILVER, limit=100).records
+    mine = [r for r in records if r.partition_key == work.tenant_id]
+    read = sum(r.asset_materialization.metadata["ops_in_batch"].value for r in mine)
+    assert read == total[0]  # the late ops too, by this run
+
+
 def add_shard_run(instance, tag: str, status: DagsterRunStatus):
     run = add_run(instance, "unused", status, job="lake_writer_shard_job")
     instance.add_run_tags(run.run_id, {SHARD_TAG: tag})
@@ -166,8 +264,8 @@ def test_a_bad_shard_setting_is_refused(monkeypatch):
 
 def test_the_daemon_keeps_shard_runs_that_drain_every_tenant(conn, lake, tmp_path, monkeypatch):
     """The default deployment: a real daemon on the repository's dagster.yaml launches shard
-    runs (no run per tenant); every tenant's lake is drained and materialized on its partition,
-    and ops that arrive later are drained by later shard runs."""
+    runs (no run per tenant), standing ones for every shard; every tenant's lake is drained and
+    materialized on its partition, and ops that arrive later are drained too."""
     works = [seed_tenant(conn) for _ in range(3)]
     with fresh_database("oml_dagster_shards") as pg:
         home = dagster_home(tmp_path / "dagster_home")
@@ -210,9 +308,11 @@ def test_the_daemon_keeps_shard_runs_that_drain_every_tenant(conn, lake, tmp_pat
             )
             # Before the daemon stops: it interrupts the runs it launched that are in flight.
             runs = instance.get_runs(RunsFilter(job_name="lake_writer_shard_job"))
-        assert len(runs) > before >= 1
+        assert len(runs) >= before >= 1
         assert not instance.get_runs(RunsFilter(job_name="lake_writer_job"))
-        assert all(r.tags.get(SHARD_TAG, "").endswith("/4") for r in runs)
+        # Standing runs (the default): every shard has had one, though three tenants leave at
+        # least one of the four with nothing pending.
+        assert {r.tags[SHARD_TAG] for r in runs} == {f"{k}/4" for k in range(4)}
         failed = {
             r.run_id: [
                 e.message
@@ -235,7 +335,9 @@ def test_a_long_shard_run_reports_each_tenant_as_it_goes(conn, lake, defs, insta
     tick(defs, instance, 1)
     small = {
         **resources(1),
-        "writer": WriterResource(drain_shards=1, shard_drain_seconds=60, max_batch=6),
+        "writer": WriterResource(
+            drain_shards=1, shard_drain_seconds=60, max_batch=6, shard_standing=False
+        ),
     }
     job = defs.resolve_job_def("lake_writer_shard_job")
     result = job.execute_in_process(

@@ -22,6 +22,7 @@ from oml_dagster.settings import (
     SCHEDULE_TIMEZONE,
     SENSOR_INTERVAL_SECONDS,
     SHARD_RUN_SECONDS,
+    SHARD_STANDING,
     Env,
     writer_batch,
 )
@@ -56,12 +57,20 @@ class WriterResource(ConfigurableResource):
     run_drain_seconds: float | None = None
     drain_shards: int | None = None
     shard_drain_seconds: float | None = None
+    shard_standing: bool | None = None
 
     def shard_run_seconds(self) -> float:
         """How long a shard run keeps draining (ADR 0027); 0: one pass per run."""
         if self.shard_drain_seconds is None:
             return SHARD_RUN_SECONDS.read()
         return SHARD_RUN_SECONDS.accept(str(self.shard_drain_seconds), "shard_drain_seconds")
+
+    def standing(self) -> bool:
+        """Whether shard runs stand (ADR 0032): the sensor keeps one in flight per shard, and a
+        shard run out of work polls the outbox until its cap instead of ending."""
+        if self.shard_standing is None:
+            return SHARD_STANDING.read()
+        return self.shard_standing
 
     def shards(self) -> int:
         """How many shard runs the outbox sensor keeps (ADR 0027); 0: one run per tenant."""

@@ -1,7 +1,8 @@
 """`outbox_sensor`: each tick runs the sequencer's stable-prefix cut, adds a partition for every
 tenant Postgres knows that the instance does not (with or without pending ops, drained by Dagster
 or only by the CLI: maintenance and evidence schedules iterate the partitions), and requests one
-lake-writer run per tenant with sequenced ops not yet drained.
+lake-writer run per shard of tenants (every shard when shard runs stand, ADR 0032; those with
+sequenced ops not yet drained otherwise), or one per such tenant when shards are off.
 
 A tick's cost does not grow with a per-tenant loop of queries: one cut, one aggregate query over
 the sequencer and the frontier cache (and one more for the pending tenants' last drain time), one
@@ -76,29 +77,62 @@ def shard_requests(
     pending: list[tuple[str, int, int]],
     drained_at: dict,
     shards: int,
+    *,
+    standing: bool = False,
+    handover_after: float | None = None,
+    now: dt.datetime | None = None,
 ) -> list[RunRequest]:
-    """One shard run per shard with pending tenants and no run in flight. The key is the shard
-    and its pending tenants' batch keys (`run_key`), so it changes whenever one of them moves."""
-    members: dict[int, list[str]] = {}
+    """One shard run per shard with no run in flight: every shard when runs stand (ADR 0032),
+    else those with pending tenants. The key is the shard and its pending tenants' batch keys
+    (`run_key`), so it changes whenever one of them moves; a standing shard with none pending
+    is keyed by the tick's time (its run is asked for only while none is in flight).
+
+    With `handover_after` (standing runs: their cap less a tick and a margin), a shard whose only
+    run in flight started that many seconds ago gets its successor now, keyed by the running
+    run's id (asked once): it waits in the queue behind the shard's lease and starts as soon as
+    its predecessor ends, instead of at the next tick after it."""
+    now = now or dt.datetime.now(dt.UTC)
+    members: dict[int, list[str]] = {k: [] for k in range(shards)} if standing else {}
     for tenant_id, last_seq, drained in pending:
         key = run_key(tenant_id, drained, last_seq, drained_at.get(tenant_id))
         members.setdefault(shard_of(tenant_id, shards), []).append(key)
-    busy = shards_in_flight(instance)
+    in_flight: dict[str, list] = {}
+    for record in instance.get_run_records(
+        RunsFilter(job_name=lake_writer_shard_job.name, statuses=IN_FLIGHT)
+    ):
+        if SHARD_TAG in record.dagster_run.tags:
+            in_flight.setdefault(record.dagster_run.tags[SHARD_TAG], []).append(record)
     requests = []
     for shard, keys in sorted(members.items()):
         tag = shard_tag(shard, shards)
-        if tag in busy:
+        runs = in_flight.get(tag, [])
+        if not runs:
+            parts = keys or [f"standing@{now.isoformat()}"]
+            digest = hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()[:24]
+            key = f"shard:{tag}:{digest}"
+        elif (
+            handover_after is not None
+            and len(runs) == 1
+            and runs[0].start_time is not None
+            and now.timestamp() - runs[0].start_time >= handover_after
+        ):
+            key = f"shard:{tag}:after:{runs[0].dagster_run.run_id}"
+        else:
             continue
-        digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:24]
         requests.append(
             RunRequest(
                 job_name=lake_writer_shard_job.name,
-                run_key=f"shard:{tag}:{digest}",
+                run_key=key,
                 run_config={"ops": {"drain_shard": {"config": {"shard": shard, "shards": shards}}}},
                 tags={SHARD_TAG: tag, "oml/pending_tenants": str(len(keys))},
             )
         )
     return requests
+
+
+# A standing shard run's successor is asked for this long (plus one sensor tick) before the
+# running one reaches its cap, so that a tick falls in the window and the successor is queued.
+HANDOVER_MARGIN_SECONDS = 15.0
 
 
 @sensor(
@@ -110,8 +144,9 @@ def shard_requests(
     else DefaultSensorStatus.STOPPED,
     description=(
         "Sequences the outbox, adds every tenant Postgres knows as a partition and requests "
-        "one run per shard of tenants with pending ops (OML_DRAIN_SHARDS), or one lake-writer "
-        "run per tenant with pending ops when that is 0."
+        "one run per shard of tenants (OML_DRAIN_SHARDS) with none in flight: every shard when "
+        "shard runs stand (OML_SHARD_STANDING), else those with pending ops; or one lake-writer "
+        "run per tenant with pending ops when OML_DRAIN_SHARDS is 0."
     ),
 )
 def outbox_sensor(
@@ -141,7 +176,17 @@ def outbox_sensor(
         loader.get_existing_dynamic_partitions(TENANT_PARTITIONS_NAME, sorted(known & pending_ids))
 
     if shards:
-        requests = shard_requests(context.instance, pending, drained_at, shards)
+        standing = writer.standing()
+        cap = writer.shard_run_seconds()
+        lead = settings.sensor_interval_seconds + HANDOVER_MARGIN_SECONDS
+        requests = shard_requests(
+            context.instance,
+            pending,
+            drained_at,
+            shards,
+            standing=standing,
+            handover_after=max(0.0, cap - lead) if standing and cap > 0 else None,
+        )
     else:
         busy = tenants_in_flight(context.instance)
         requests = [

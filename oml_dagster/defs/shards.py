@@ -9,7 +9,12 @@ The lease: shard runs carry `oml/shard` = `<k>/<shards>`, which the run queue li
 per value (dagster.yaml), so a shard has one writer. A tenant-partitioned run (a backfill, a run
 from the UI, maintenance) writing one of the shard's tenants is left alone: each pass skips the
 tenants such a run holds; one that starts in the middle of a pass overlaps the shard run for at
-most a batch, which the fenced commits make safe (DESIGN §3)."""
+most a batch, which the fenced commits make safe (DESIGN §3).
+
+Standing runs (ADR 0032, OML_SHARD_STANDING, on by default): the sensor keeps a run in flight for
+every shard whether or not it has pending tenants, and a shard run out of work polls the outbox
+every POLL_SECONDS until its cap, so the first ops after a quiet spell meet a running writer
+instead of waiting for a sensor tick and a process start."""
 
 import time
 import uuid
@@ -34,6 +39,8 @@ from .assets import TABLE_OF, run_metadata
 from .resources import LakeResource, PostgresResource, WriterResource
 
 SHARD_TAG = "oml/shard"
+# How often a standing shard run out of work looks at the outbox again (a cut and one query).
+POLL_SECONDS = 0.5
 # How often a shard run reports its tenants' commits (and once at its end).
 REPORT_SECONDS = 30.0
 PARTITION_TAG = "dagster/partition"
@@ -69,9 +76,10 @@ class ShardConfig(Config):
 
 @op(
     description=(
-        "Drains the pending tenants of one shard, pass after pass, until they are idle or the "
-        "shard run's time cap (OML_SHARD_RUN_SECONDS) passes; reports each tenant's commits to "
-        "its partition of the lake assets as it goes."
+        "Drains the pending tenants of one shard, pass after pass, until the shard run's time "
+        "cap (OML_SHARD_RUN_SECONDS) passes, polling the outbox while idle (a standing run, "
+        "OML_SHARD_STANDING), or until they are idle; reports each tenant's commits to its "
+        "partition of the lake assets as it goes."
     )
 )
 def drain_shard(
@@ -106,6 +114,7 @@ def drain_shard(
             skip=lambda: tenants_held(context.instance),
             on_pass=report.on_pass,
             on_error=failed,
+            poll_seconds=POLL_SECONDS if writer.standing() and cap > 0 else None,
         )
         report.flush()
     context.log.info(

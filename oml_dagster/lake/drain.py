@@ -72,6 +72,7 @@ def drain(
     owns: Callable[[str], bool] | None = None,
     skip: Callable[[], set[str]] | None = None,
     on_error: Callable[[str, Exception], None] | None = None,
+    poll_seconds: float | None = None,
 ) -> list[DrainPass]:
     """Run passes until one neither sequences nor applies anything (or just one pass), or until
     a pass ends `max_seconds` after the start (the pass under way always finishes: its batches
@@ -83,9 +84,19 @@ def drain(
     names tenants to leave alone in that pass (another run writes them). With `on_error`, a
     tenant whose batch raises is handed to it with the error and left alone for the rest of
     the drain, so one broken tenant does not stop the others (a shard run); without, the error
-    propagates."""
+    propagates.
+
+    With `poll_seconds` (a standing shard run, ADR 0032) an idle pass does not end the drain:
+    it waits that long and passes again until `max_seconds`, so ops arriving after a quiet spell
+    are sequenced and drained by a writer already running. Idle passes after the first are not
+    kept in the passes returned."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
+    if poll_seconds is not None and (not poll_seconds > 0 or max_seconds is None):
+        raise ValueError(
+            f"poll_seconds must be > 0 and bounded by max_seconds, got {poll_seconds!r} "
+            f"with max_seconds {max_seconds!r}"
+        )
     started = time.monotonic()
     config = config or WriterConfig()
     scope = frozenset(tenants).__contains__ if tenants else owns
@@ -136,15 +147,20 @@ def drain(
                 current.batches.append(result)
                 if result.ops >= RELEASE_AFTER_OPS:
                     release_memory()
-            passes.append(current)
+            idle = not current.progressed
+            if not idle or poll_seconds is None or not passes:
+                passes.append(current)
             if on_pass is not None:
                 on_pass(current)
-            # A batch below the lag limit that changes nothing neither commits nor refuses anew,
-            # so a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
-            if not until_idle or not current.progressed:
-                break
             if max_seconds is not None and time.monotonic() - started >= max_seconds:
                 break
+            # A batch below the lag limit that changes nothing neither commits nor refuses anew,
+            # so a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
+            if not until_idle or (idle and poll_seconds is None):
+                break
+            if idle:
+                left = max_seconds - (time.monotonic() - started)
+                time.sleep(min(poll_seconds, max(0.0, left)))
     finally:
         if fetcher is not None:
             fetcher.close()
