@@ -3,7 +3,9 @@
 For each config: a fresh lake database (migrated) and a fresh, empty Dagster storage database; a
 fresh DAGSTER_HOME holding the repository's dagster.yaml (Postgres run and event storage, the
 queued run coordinator, the per-tenant lease); `dagster-daemon run -w workspace.yaml` with the
-outbox sensor at `--sensor-interval` seconds. Once the sensor has ticked, `oml-lake simulate
+outbox sensor at `--sensor-interval` seconds. Once the deployment is ready (the sensor has
+ticked and, with standing shard runs (ADR 0032, the default), every shard's run has started;
+their CPU over `--idle-seconds` with nothing to drain is reported), `oml-lake simulate
 --rate R --duration D` streams over N tenants, and every second the bench samples:
 
 - lag: the age of the oldest outbox row not yet drained into the core tables (unsequenced, or
@@ -13,7 +15,8 @@ outbox sensor at `--sensor-interval` seconds. Once the sensor has ticked, `oml-l
 - the lake-writer runs queued, in progress and finished (Dagster's run storage), the load average.
 
 After the stream it keeps sampling until the backlog is gone (or `--after-cap` seconds), then
-waits for runs in flight to finish. It reports p50/p95/max lag during the stream, when the
+waits for runs in flight to finish (standing runs do not: their CPU is read live, less what they
+used before the stream). It reports p50/p95/max lag during the stream, when the
 backlog was gone after it, the runs launched per minute, and the CPU seconds per run.
 
 CPU per run: every run worker is a child process of a code server the daemon starts (a new one
@@ -334,6 +337,50 @@ def wait_for_sensor(dagster: psycopg.Connection, proc: subprocess.Popen, timeout
     raise RuntimeError(f"no sensor tick within {timeout:.0f} s (see the daemon log)")
 
 
+def standing_shards() -> int:
+    """How many standing shard runs the deployment keeps (ADR 0032): OML_DRAIN_SHARDS (default
+    4) unless OML_SHARD_STANDING switches them off."""
+    if os.environ.get("OML_SHARD_STANDING", "").strip().lower() in ("0", "false", "no", "off"):
+        return 0
+    return int(os.environ.get("OML_DRAIN_SHARDS") or 4)
+
+
+def wait_for_standing_runs(
+    dagster: psycopg.Connection, proc: subprocess.Popen, shards: int, cpu, timeout: float
+) -> float:
+    """Seconds until every shard's standing run has started."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dagster-daemon exited with {proc.returncode}")
+        cpu.sample()
+        if run_counts(dagster).get("STARTED", 0) >= shards:
+            return time.monotonic() - started
+        time.sleep(1)
+    raise RuntimeError(f"{shards} standing shard runs not started within {timeout:.0f} s")
+
+
+def idle_cost(cpu, daemon: int, seconds: float) -> dict:
+    """CPU of the standing runs, the daemon and the code servers over `seconds` with nothing to
+    drain (before the stream)."""
+    alive = set(cpu.sample())
+    runs0, daemon0 = cpu.run_workers_s(alive), cpu_seconds(daemon)[0]
+    servers0 = cpu.own_s("code_server")
+    time.sleep(seconds)
+    alive = set(cpu.sample())
+    runs1, daemon1 = cpu.run_workers_s(alive), cpu_seconds(daemon)[0]
+    return {
+        "seconds": seconds,
+        "run_workers_cpu_s": round(runs1 - runs0, 2),
+        "run_workers_pct_of_a_core": round(100 * (runs1 - runs0) / seconds, 1),
+        "daemon_and_code_servers_cpu_s": round(
+            daemon1 - daemon0 + cpu.own_s("code_server") - servers0, 2
+        ),
+        # The runs' CPU up to the stream (start and idle): not the stream's work.
+        "base_run_cpu_s": round(runs1, 2),
+    }
+
+
 def run_counts(dagster: psycopg.Connection) -> dict[str, int]:
     rows = dagster.execute(
         "SELECT status, count(*) FROM runs WHERE pipeline_name = ANY(%s) GROUP BY status", (JOBS,)
@@ -382,6 +429,7 @@ def measure(
     writers: int,
     seed: int,
     keep: Path | None,
+    idle_seconds: float = 20.0,
 ) -> dict:
     result: dict = {
         "config": asdict(config),
@@ -389,6 +437,7 @@ def measure(
         "max_concurrent_runs": max_runs or "dagster.yaml",
         "run_drain_seconds": os.environ.get("OML_RUN_DRAIN_SECONDS") or "default",
         "drain_shards": os.environ.get("OML_DRAIN_SHARDS") or "default",
+        "standing_shard_runs": standing_shards(),
     }
     result["load_before"] = _load()
     work = Path(tempfile.mkdtemp(prefix="oml_lag_bench_"))
@@ -405,6 +454,14 @@ def measure(
             result["daemon_ready_s"] = round(wait_for_sensor(dagster, daemon, timeout=300), 1)
             cpu = ProcessCpu(daemon.pid)
             cpu.sample()
+            if standing_shards():
+                # A deployment with standing shard runs (ADR 0032) is ready once each shard's
+                # run is up; what they cost while nothing flows is measured before the stream.
+                result["writers_ready_s"] = round(
+                    wait_for_standing_runs(dagster, daemon, standing_shards(), cpu, timeout=300),
+                    1,
+                )
+                result["idle"] = idle_cost(cpu, daemon.pid, idle_seconds)
             daemon_cpu0, _ = cpu_seconds(daemon.pid)
             backends = BackendCpu(lake, [_dbname(lake_dsn), _dbname(dagster_dsn)])
 
@@ -476,9 +533,10 @@ def measure(
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
 
             # Let the runs in flight end and their workers exit, so that every worker's CPU is
-            # in its code server's reaped-children time.
+            # in its code server's reaped-children time (standing runs do not end: their
+            # workers' CPU is read live).
             settle = time.monotonic()
-            while time.monotonic() - settle < 120:
+            while not standing_shards() and time.monotonic() - settle < 120:
                 alive = set(cpu.sample())
                 counts = run_counts(dagster)
                 busy = any(counts.get(s, 0) for s in IN_FLIGHT)
@@ -497,12 +555,13 @@ def measure(
                 )
             )
             ended = [t for t in times if t[0] in ("SUCCESS", "FAILURE", "CANCELED")]
-            runs_cpu = cpu.run_workers_s(alive)
+            runs_cpu = cpu.run_workers_s(alive) - result.get("idle", {}).get("base_run_cpu_s", 0)
+            live = len([p for p in cpu.of("run_worker") if p in alive])
             result["cpu"] = {
                 "run_workers_s": round(runs_cpu, 1),
                 "runs_ended": len(ended),
-                "per_run_s": round(runs_cpu / len(ended), 2) if ended else None,
-                "run_workers_still_alive": len([p for p in cpu.of("run_worker") if p in alive]),
+                "per_run_s": round(runs_cpu / (len(ended) + live), 2) if ended or live else None,
+                "run_workers_still_alive": live,
                 "code_servers": len(cpu.of("code_server")),
                 "code_server_own_s": round(cpu.own_s("code_server"), 1),
                 "daemon_own_s": round(daemon_cpu1 - daemon_cpu0, 1),
@@ -693,12 +752,22 @@ def line(r: dict) -> str:
         f" {r['measured_s']:.0f} s measured; median {r['run_duration_p50_s']} s each); CPU per run"
         f" {cpu['per_run_s']} s ({cpu['run_workers_s']} s over {cpu['runs_ended']} runs; code"
         f" server {cpu['code_server_own_s']} s, daemon {cpu['daemon_own_s']} s, producer"
-        f" {cpu['producer_s']} s, Postgres backends >= {cpu['postgres_backends_sampled_s']} s);"
+        f" {cpu['producer_s']} s, Postgres backends >= {cpu['postgres_backends_sampled_s']} s"
+        f"; {cpu['run_workers_still_alive']} workers still running);"
         f" load 1-min mean {r['load1_mean']}, max {r['load1_max']}"
         f" (before {r['load_before'][0]:.2f}, after {r['load_after'][0]:.2f})\n  run phases"
         " (median / max s): "
         + ", ".join(
             f"{k} {v['median_s']:.1f} / {v['max_s']:.1f}" for k, v in r["run_phases"].items()
+        )
+        + (
+            f"\n  standing shard runs: {r['standing_shard_runs']}, all started"
+            f" {r['writers_ready_s']} s after the first tick; idle over"
+            f" {r['idle']['seconds']:g} s before the stream: runs"
+            f" {r['idle']['run_workers_pct_of_a_core']} % of a core, daemon and code servers"
+            f" {r['idle']['daemon_and_code_servers_cpu_s']} s"
+            if r.get("idle")
+            else ""
         )
         + (
             f"\n  a worker's CPU before its step starts: median"
@@ -734,6 +803,12 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=5000, help="claims per tenant (ample)")
     parser.add_argument("--writers", type=int, default=4, help="producer connections")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=20,
+        help="with standing shard runs: seconds their idle CPU is measured before the stream",
+    )
     parser.add_argument("--json", help="write figures and the lag series to this path")
     parser.add_argument("--logs", help="keep the daemon's and producer's logs in this folder")
     args = parser.parse_args()
@@ -776,6 +851,7 @@ def main() -> None:
             writers=args.writers,
             seed=args.seed,
             keep=Path(args.logs) if args.logs else None,
+            idle_seconds=args.idle_seconds,
         )
         print(line(r) + f"\n  took {time.monotonic() - started:.0f} s", flush=True)
         if "target_p95_met" in r:
