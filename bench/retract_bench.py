@@ -89,7 +89,15 @@ def claim_rows(tenant_id: str, start: int, n: int, rng: random.Random, body_byte
     return pa.table(columns, schema=SILVER_CLAIMS.schema), artifacts
 
 
-def build_lake(lake: Lake, tenant_id: str, n: int, chunk: int, body_bytes: int, seed: int):
+def build_lake(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    n: int,
+    chunk: int,
+    body_bytes: int,
+    seed: int,
+):
     """The tenant's core tables: silver with `n` claims, Z-ordered; the others empty."""
     rng = random.Random(seed)
     configuration_for = {
@@ -119,7 +127,9 @@ def build_lake(lake: Lake, tenant_id: str, n: int, chunk: int, body_bytes: int, 
             writer_properties=writer_properties(SILVER_CLAIMS),
         )
     started = time.perf_counter()
-    (zordered,) = [r for r in maintenance.zorder(lake, tenant_id) if r.table == SILVER_CLAIMS.name]
+    (zordered,) = [
+        r for r in maintenance.zorder(conn, lake, tenant_id) if r.table == SILVER_CLAIMS.name
+    ]
     return artifacts, zordered, time.perf_counter() - started
 
 
@@ -193,7 +203,7 @@ def bench_size(n: int, args: argparse.Namespace, profile: bool) -> dict:
         lake = Lake(os.path.join(tmp, "oml-lake"))
         started = time.perf_counter()
         artifacts, zordered, zorder_s = build_lake(
-            lake, keys.tenant_id, n, args.chunk, args.body_bytes, args.seed
+            conn, lake, keys.tenant_id, n, args.chunk, args.body_bytes, args.seed
         )
         built = time.perf_counter() - started
         table = lake.open(lake.table_uri(keys.tenant_id, SILVER_CLAIMS))

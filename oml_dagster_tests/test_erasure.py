@@ -89,7 +89,7 @@ def test_erased_ciphertext_leaves_every_file_under_the_tenant_prefix(conn, lake)
     acts.validate_area(conn, keys, tree.b)
     drain_all(conn, lake)
     # Earlier maintenance rewrote the body into new files: those copies are superseded too.
-    maintenance.compact(lake, keys.tenant_id)
+    maintenance.compact(conn, lake, keys.tenant_id)
     target = made[1]
     erased = bodies[target.artifact_id][1]
     leave_orphan(lake, keys.tenant_id, SILVER_CLAIMS)
@@ -461,7 +461,7 @@ def test_per_artifact_evidence_lists_the_files_a_byte_scan_finds_until_vacuum(co
     acts.upsert_area(conn, keys, tree.b, status="committed")
     acts.validate_area(conn, keys, tree.b)
     drain_all(conn, lake)
-    maintenance.compact(lake, keys.tenant_id)
+    maintenance.compact(conn, lake, keys.tenant_id)
     leave_orphan(lake, keys.tenant_id, SILVER_CLAIMS)
     leave_orphan(lake, keys.tenant_id, GOLD_CURATED, tree.b)
     assert erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE).artifacts == []

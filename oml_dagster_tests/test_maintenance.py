@@ -26,18 +26,20 @@ from dagster import (
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._utils.tags import TagConcurrencyLimitsCounter
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from oml_dagster import cli
 from oml_dagster.defs import maintenance as maintenance_defs
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from oml_dagster.defs.resources import LakeResource, PostgresResource
-from oml_dagster.lake import deltalog, maintenance, sequencer
+from oml_dagster.lake import deltalog, maintenance, rewrites, sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
+from oml_dagster_tests.conformance._support import footer_stats
+from oml_dagster_tests.dagster_support import table_versions
 from oml_dagster_tests.helpers import (
     claim,
     drain_all,
@@ -112,7 +114,7 @@ def test_compaction_leaves_one_file_per_partition_and_every_row(conn, lake, tena
     assert len(before_partitions) == 3 and all(n > 1 for n in before_partitions.values())
     rows, txns = lake_snapshot(lake, tenant.tenant_id), txn_versions(lake, tenant.tenant_id)
 
-    results = maintenance.compact(lake, tenant.tenant_id)
+    results = maintenance.compact(conn, lake, tenant.tenant_id)
 
     by_table = {r.table: r for r in results}
     assert set(by_table) == set(rows)
@@ -139,9 +141,105 @@ def test_compaction_leaves_one_file_per_partition_and_every_row(conn, lake, tena
                         assert stats is None or not stats.has_min_max, (name, path)
 
     # Nothing left to pack: no commit.
-    again = maintenance.compact(lake, tenant.tenant_id)
+    again = maintenance.compact(conn, lake, tenant.tenant_id)
     assert {r.action for r in again} == {"unchanged"}
     assert all(r.version_after == r.version_before for r in again)
+
+
+def _writer_packs(uri: str) -> list[int]:
+    """Versions of the table committed by the writer's compaction on the way (ADR 0033)."""
+    return [h["version"] for h in DeltaTable(uri).history() if h.get("oml.trigger") == "writer"]
+
+
+def test_the_writer_packs_small_files_on_the_way_and_changes_no_row(
+    conn, lake, tenant, tmp_path, monkeypatch
+):
+    """A drain of micro-batches (one drain per act) bin-packs each table's small files every
+    SMALL_FILES_EVERY versions: the file count stays bounded, the packing commits carry no app
+    transaction, the ciphertext gets no footer statistics, and every row equals a rebuild of
+    the same outbox in one drain without any packing."""
+    monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 4)
+    small_batches(conn, lake, tenant, claims=14, days=1)
+    bronze_uri = lake.table_uri(tenant.tenant_id, BRONZE_EVENTS)
+    bronze = lake.open(bronze_uri)
+    assert bronze.version() > 12  # without packing: a file per drain
+    assert len(bronze.file_uris()) <= 4
+    packs = _writer_packs(bronze_uri)
+    assert packs and all(v % 4 == 1 for v in packs)  # right after a writer commit at 4k
+    for version in packs:
+        assert "txn" not in commit_actions(bronze_uri, version)
+    silver_uri = lake.table_uri(tenant.tenant_id, SILVER_CLAIMS)
+    for path in lake.open(silver_uri).file_uris():
+        for column, stats in footer_stats(path).items():
+            if column in SILVER_CLAIMS.body_columns:
+                assert stats is None or not stats[0], path
+
+    monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 2**62)
+    other = Lake(str(tmp_path / "rebuilt"))
+    drain(conn, other, [tenant.tenant_id], until_idle=True)
+    assert not _writer_packs(other.table_uri(tenant.tenant_id, BRONZE_EVENTS))
+    assert lake_snapshot(other, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
+    # The packed tables' app transactions still fence: draining again writes nothing.
+    versions = table_versions(lake, tenant.tenant_id)
+    drain(conn, lake, [tenant.tenant_id], until_idle=True)
+    assert table_versions(lake, tenant.tenant_id) == versions
+
+
+def test_a_packing_that_loses_a_race_is_left_for_later(conn, lake, tenant, dsn, monkeypatch):
+    """Another process's bin-pack of the same tenant lands between a batch and the writer's
+    packing: the packing finds the table moved and leaves it for later; the drains go on, and
+    nothing is lost or doubled (two rewrites of the same files, both committed, would double
+    rows: delta-rs 1.6 lets both through)."""
+    import psycopg
+
+    from oml_dagster.lake import writer
+
+    monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 3)
+    raced: list[str] = []
+    pack = rewrites.compact_small_files
+
+    def racing(conn_, table, spec, tenant_id, name, hooks):
+        if not raced and table.version() % 3 == 0 and len(table.file_uris()) > 1:
+            with psycopg.connect(dsn, autocommit=True) as elsewhere:
+                results = maintenance.compact(elsewhere, lake, tenant_id)
+            raced.extend(r.table for r in results if r.action == "rewrote")
+        return pack(conn_, table, spec, tenant_id, name, hooks)
+
+    monkeypatch.setattr(writer, "compact_small_files", racing)
+    small_batches(conn, lake, tenant, claims=8, days=1)
+
+    assert raced  # the race happened, and the drains went on past it
+    other = Lake(lake.root + "-rebuilt")
+    monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 2**62)
+    drain(conn, other, [tenant.tenant_id], until_idle=True)
+    assert lake_snapshot(other, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
+
+
+def test_the_writer_does_not_pack_a_table_another_rewrite_holds(
+    conn, lake, tenant, dsn, monkeypatch
+):
+    """While another session holds a table's rewrite lock (a maintenance OPTIMIZE under way),
+    the writer's packing leaves that table alone, and packs it once the lock is free."""
+    import psycopg
+
+    monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 2)
+    bronze_uri = lake.table_uri(tenant.tenant_id, BRONZE_EVENTS)
+    with (
+        psycopg.connect(dsn, autocommit=True) as elsewhere,
+        rewrites.rewrite_lock(elsewhere, tenant.tenant_id, BRONZE_EVENTS.name) as held,
+    ):
+        assert held
+        made = small_batches(conn, lake, tenant, claims=6, days=1)
+        assert lake.open(bronze_uri).version() > 6
+        assert not _writer_packs(bronze_uri)
+        name = BRONZE_EVENTS.name
+        with rewrites.rewrite_lock(conn, tenant.tenant_id, name, wait=False) as mine:
+            assert not mine
+    for i in range(4):
+        later = claim(made[0].workarea_id, made[0].workarea_path_at_write)
+        acts.promote(conn, tenant, later, f"later {i}".encode())
+        drain_all(conn, lake)
+    assert _writer_packs(bronze_uri)
 
 
 # --- Z-order -----------------------------------------------------------------------------------
@@ -176,7 +274,7 @@ def test_zorder_then_a_demote_rewrites_one_file(conn, lake, tenant):
         )
     txns = txn_versions(lake, tenant.tenant_id)
 
-    results = maintenance.zorder(lake, tenant.tenant_id, target_size=256 * 1024)
+    results = maintenance.zorder(conn, lake, tenant.tenant_id, target_size=256 * 1024)
 
     zordered = {r.table: r for r in results}
     assert set(zordered) == {
@@ -259,8 +357,8 @@ def test_optimize_between_a_batchs_commits_neither_duplicates_nor_loses(
 
     def optimize_first(table_name: str) -> None:
         if table_name in (BRONZE_EVENTS.name, SILVER_CLAIMS.name):
-            maintenance.compact(lake, tenant.tenant_id)
-            maintenance.zorder(lake, tenant.tenant_id)
+            maintenance.compact(conn, lake, tenant.tenant_id)
+            maintenance.zorder(conn, lake, tenant.tenant_id)
 
     sequencer.sequence(conn)
     result = drain_tenant(conn, lake, tenant.tenant_id, before_commit=optimize_first)
@@ -316,7 +414,7 @@ def test_retention_properties_follow_the_policy(conn, lake, tenant):
     """The default bound (7 days) keeps superseded files; a policy change reaches every table's
     properties at the next VACUUM, to the second."""
     small_batches(conn, lake, tenant, claims=4)
-    maintenance.compact(lake, tenant.tenant_id)
+    maintenance.compact(conn, lake, tenant.tenant_id)
     superseded = {
         name: len(deltalog.list_files(lake.filesystem(uri)).data) - len(lake.open(uri).file_uris())
         for name, _, uri in tenant_tables(lake, tenant.tenant_id)
@@ -517,7 +615,7 @@ def test_maintenance_on_an_s3_lake(conn, s3_lake):
         drain_all(conn, lake)
     rows = lake_snapshot(lake, keys.tenant_id)
 
-    compacted = {r.table: r for r in maintenance.compact(lake, keys.tenant_id)}
+    compacted = {r.table: r for r in maintenance.compact(conn, lake, keys.tenant_id)}
     assert compacted[SILVER_CLAIMS.name].files_removed == 3
     time.sleep(1.2)
     results = maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")

@@ -66,7 +66,7 @@ def test_zorder_and_a_retract_keep_files_at_the_target_size(conn, lake, tenant):
     )
 
     (zordered,) = [
-        r for r in maintenance.zorder(lake, tenant.tenant_id) if r.table == SILVER_CLAIMS.name
+        r for r in maintenance.zorder(conn, lake, tenant.tenant_id) if r.table == SILVER_CLAIMS.name
     ]
     assert zordered.action == "rewrote"
     silver = lake.open(silver_uri)

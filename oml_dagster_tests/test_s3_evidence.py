@@ -59,7 +59,7 @@ def test_erased_ciphertext_leaves_every_object_under_the_tenant_prefix(conn, s3_
         ciphertexts[c.artifact_id] = acts.promote(conn, keys, c, f"plain {i}".encode()).ciphertext
         made.append(c)
         drain_all(conn, lake)
-    maintenance.compact(lake, keys.tenant_id)  # superseded copies of every body
+    maintenance.compact(conn, lake, keys.tenant_id)  # superseded copies of every body
     silver_uri = lake.table_uri(keys.tenant_id, SILVER_CLAIMS)
     # An orphan: a commit that lost its race leaves its data file (with the body) behind.
     current = lake.open(silver_uri)

@@ -20,8 +20,11 @@ What this module decides:
   `transaction_version`, which is the last txn recorded in the log or its checkpoint, so commits
   without one leave it where it was. Every rewrite passes the writer's Parquet settings again,
   or footer statistics of `body_ciphertext` would come back.
-- Nothing here locks: maintenance of a tenant never runs next to a drain of that tenant because
-  both are runs of the same tenant partition under the per-tenant run limit (DESIGN §4).
+- Maintenance of a tenant never runs next to a Dagster drain of that tenant: both are runs of the
+  same tenant partition under the per-tenant run limit (DESIGN §4), and shard runs leave a
+  tenant alone while such a run holds it. Rewrites (bin-pack, Z-order) also take the table's
+  rewrite lock in Postgres (`rewrite_lock`), which the writer's packing on the way takes too:
+  two OPTIMIZEs of the same files would both commit and double the rows (ADR 0033).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
 from .deltalog import Listing, list_files, live_files
 from .errors import MaintenanceDamage
 from .policy import erasure_bound
+from .rewrites import rewrite_lock
 from .storage import Lake, tenant_tables
 from .tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
 
@@ -191,7 +195,16 @@ class _Table:
         return MaintenanceResult(self.tenant_id, self.name, operation, action, scope, **fields)
 
 
-def _optimize(t: _Table, operation: Operation, target_size: int | None) -> MaintenanceResult:
+def _optimize(
+    conn: psycopg.Connection, t: _Table, operation: Operation, target_size: int | None
+) -> MaintenanceResult:
+    """A rewrite under the table's rewrite lock: the table is read (and the rewrite planned)
+    only once no other rewrite of it can be under way."""
+    with rewrite_lock(conn, t.tenant_id, t.name):
+        return _optimize_locked(t, operation, target_size)
+
+
+def _optimize_locked(t: _Table, operation: Operation, target_size: int | None) -> MaintenanceResult:
     started = time.monotonic()
     table = t.open()
     before = live_files(table)
@@ -452,17 +465,21 @@ def _bound_seconds(conn: psycopg.Connection, tenant_id: str) -> int:
 
 
 def compact(
-    lake: Lake, tenant_id: str, *, target_size: int | None = None
+    conn: psycopg.Connection, lake: Lake, tenant_id: str, *, target_size: int | None = None
 ) -> list[MaintenanceResult]:
     """Bin-pack OPTIMIZE of every table of the tenant (each bronze day partition separately)."""
-    return [_optimize(t, COMPACT, target_size) for t in _tables(lake, tenant_id)]
+    return [_optimize(conn, t, COMPACT, target_size) for t in _tables(lake, tenant_id)]
 
 
 def zorder(
-    lake: Lake, tenant_id: str, *, target_size: int | None = None
+    conn: psycopg.Connection, lake: Lake, tenant_id: str, *, target_size: int | None = None
 ) -> list[MaintenanceResult]:
     """Z-order OPTIMIZE of every table that declares Z-order columns."""
-    return [_optimize(t, ZORDER, target_size) for t in _tables(lake, tenant_id) if t.spec.zorder_by]
+    return [
+        _optimize(conn, t, ZORDER, target_size)
+        for t in _tables(lake, tenant_id)
+        if t.spec.zorder_by
+    ]
 
 
 def _expiring(
@@ -512,8 +529,8 @@ def run_operation(
 ) -> list[MaintenanceResult]:
     """One operation (COMPACT, ZORDER, CHECKPOINT, VACUUM or LOG_CLEANUP) for one tenant."""
     steps: dict[Operation, Callable[[], list[MaintenanceResult]]] = {
-        COMPACT: lambda: compact(lake, tenant_id, target_size=target_size),
-        ZORDER: lambda: zorder(lake, tenant_id, target_size=target_size),
+        COMPACT: lambda: compact(conn, lake, tenant_id, target_size=target_size),
+        ZORDER: lambda: zorder(conn, lake, tenant_id, target_size=target_size),
         CHECKPOINT: lambda: checkpoint(conn, lake, tenant_id),
         VACUUM: lambda: vacuum(conn, lake, tenant_id),
         LOG_CLEANUP: lambda: cleanup_logs(conn, lake, tenant_id),

@@ -28,6 +28,17 @@ CREATE_MIGRATIONS_TABLE = (
 APPLIED_MIGRATIONS = "SELECT version FROM oml.schema_migrations"
 RECORD_MIGRATION = "INSERT INTO oml.schema_migrations (version, name) VALUES (%s, %s)"
 
+# --- rewrites of a table (rewrites.py) ---------------------------------------------------------
+
+# One OPTIMIZE (bin-pack or Z-order) of a table at a time, across every process (the writer's
+# packing on the way, maintenance runs, the command line): two rewrites of the same files both
+# commit in delta-rs 1.6 and double the rows (ADR 0033). Keyed by the class below and the hash
+# of "<tenant>:<table name>"; session locks, released by the caller or with the connection.
+REWRITE_LOCK = 0x6F6D6C02
+REWRITE_LOCK_TAKE = "SELECT pg_advisory_lock(%s, hashtext(%s))"
+REWRITE_LOCK_TRY = "SELECT pg_try_advisory_lock(%s, hashtext(%s))"
+REWRITE_LOCK_FREE = "SELECT pg_advisory_unlock(%s, hashtext(%s))"
+
 # --- the sequencer (sequencer.py) --------------------------------------------------------------
 
 # Serializes sequencer runs (an arbitrary, project-owned key).

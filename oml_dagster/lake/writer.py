@@ -52,6 +52,7 @@ from .errors import (
 )
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
+from .rewrites import compact_small_files
 from .storage import Lake, OpenTables, app_txn, query, rows_with, sql_text
 from .tables import (
     APP_ID,
@@ -136,6 +137,8 @@ class BatchResult:
     ops_folded: int = 0
     # The next batch, fetched while this one folded and committed (None: the outbox's tail).
     next_batch: Future[Batch] | None = None
+    # Table name -> small files the batch's compaction on the way replaced (ADR 0033).
+    compacted: dict[str, int] = field(default_factory=dict)
 
     @property
     def committed(self) -> bool:
@@ -653,7 +656,39 @@ def _drain_batch(
     for handle in handles.values():  # created, or reopened after a conflict
         tables.keep(handle.uri, handle.table, handle.txn)
     _update_frontier(conn, tenant_id, handles, batch_end)
+    _compact_on_the_way(conn, tables, tenant_id, handles, result)
     return result
+
+
+def _compact_on_the_way(
+    conn: psycopg.Connection,
+    tables: OpenTables,
+    tenant_id: str,
+    handles: dict[str, _Handle],
+    result: BatchResult,
+) -> None:
+    """Once the batch is recorded, bin-pack the small files of the tables it wrote to, every
+    SMALL_FILES_EVERY versions of each (ADR 0033). Another rewrite under way, or a commit of
+    another writer in between, leaves it for a later batch (a lost race reopens the table)."""
+    wrote = {t.table for t in result.tables if t.action == COMMITTED}
+    for handle in handles.values():
+        if handle.name not in wrote or handle.table is None:
+            continue
+        try:
+            replaced = compact_small_files(
+                conn,
+                handle.table,
+                handle.spec,
+                tenant_id,
+                handle.name,
+                post_commit_hooks(handle.table),
+            )
+        except CommitFailedError:
+            tables.forget(handle.uri)
+            continue
+        if replaced:
+            result.compacted[handle.name] = replaced
+            tables.keep(handle.uri, handle.table, handle.txn)
 
 
 def _catalog_ops(

@@ -1,0 +1,80 @@
+"""Rewrites of a table's data files outside maintenance's schedule (ADR 0033): the writer's
+packing of its own small files, and the lock every rewrite of a table takes (maintenance's
+bin-pack and Z-order included), so that two never run at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
+
+from . import queries
+from .tables import TableSpec, writer_properties
+
+# Compaction on the way (ADR 0033): every SMALL_FILES_EVERY versions of a table the writer
+# commits to, the files below SMALL_FILE_TARGET are bin-packed into files of about that size. A
+# standing shard run commits a tenant's micro-batches every few seconds, one small file each, and
+# the writer's per-batch cost grows with the files it must look through (key scans, datasets,
+# MERGE planning); the daily bin-pack alone would let thousands pile up. Files at the target or
+# above (backlog batches, the daily bin-pack's, Z-order's) are never rewritten here.
+SMALL_FILES_EVERY = 16
+SMALL_FILE_TARGET = 8 * 2**20
+
+
+@contextmanager
+def rewrite_lock(
+    conn: psycopg.Connection, tenant_id: str, name: str, *, wait: bool = True
+) -> Iterator[bool]:
+    """Hold the table's rewrite lock (queries.REWRITE_LOCK) for the block: wait for it, or
+    (`wait=False`) yield False at once when another session holds it."""
+    key = (queries.REWRITE_LOCK, f"{tenant_id}:{name}")
+    if wait:
+        conn.execute(queries.REWRITE_LOCK_TAKE, key)
+        held = True
+    else:
+        held = bool(conn.execute(queries.REWRITE_LOCK_TRY, key).fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            conn.execute(queries.REWRITE_LOCK_FREE, key)
+
+
+def compact_small_files(
+    conn: psycopg.Connection,
+    table: DeltaTable,
+    spec: TableSpec,
+    tenant_id: str,
+    name: str,
+    hooks: PostCommitHookProperties | None,
+) -> int | None:
+    """Bin-pack the table's files below SMALL_FILE_TARGET when its version is a multiple of
+    SMALL_FILES_EVERY: the number of files replaced (0: nothing to do, no commit), or None when
+    it was left for later — another rewrite of the table holds its lock, or the table moved
+    past `table`'s version (the handle is then at the latest version). Like every rewrite it
+    carries no app transaction and passes the writer's Parquet settings. A concurrent MERGE of
+    files it read makes it raise CommitFailedError."""
+    if table.version() % SMALL_FILES_EVERY:
+        return 0
+    with rewrite_lock(conn, tenant_id, name, wait=False) as held:
+        if not held:
+            return None
+        version = table.version()
+        table.update_incremental()
+        if table.version() != version:
+            return None
+        metrics = table.optimize.compact(
+            target_size=SMALL_FILE_TARGET,
+            writer_properties=writer_properties(spec),
+            commit_properties=CommitProperties(
+                custom_metadata={
+                    "oml.tenant_id": tenant_id,
+                    "oml.maintenance": "compact",  # maintenance.COMPACT
+                    "oml.trigger": "writer",
+                }
+            ),
+            post_commithook_properties=hooks,
+        )
+    return int(metrics.get("numFilesRemoved") or 0)
