@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=3)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--sort", default="cumulative", help="pstats order: cumulative, tottime")
     args = parser.parse_args()
     print(machine())
     with fresh_database("oml_pass") as dsn, tempfile.TemporaryDirectory() as root:
@@ -63,7 +64,7 @@ def main() -> None:
         f"{batches} tenant batches in {elapsed:.2f} s: {1000 * elapsed / max(batches, 1):.0f} ms each"
     )
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.top)
+    pstats.Stats(profiler, stream=text).sort_stats(args.sort).print_stats(args.top)
     print(text.getvalue())
 
 

@@ -86,10 +86,11 @@ def drain(
     the drain, so one broken tenant does not stop the others (a shard run); without, the error
     propagates.
 
-    With `poll_seconds` (a standing shard run, ADR 0032) an idle pass does not end the drain:
-    it waits that long and passes again until `max_seconds`, so ops arriving after a quiet spell
-    are sequenced and drained by a writer already running. Idle passes after the first are not
-    kept in the passes returned."""
+    With `poll_seconds` (a standing shard run, ADR 0032) an idle pass does not end the drain,
+    which passes again until `max_seconds`, at most once per `poll_seconds`: ops arriving after a
+    quiet spell are sequenced and drained by a writer already running, and a trickle is drained
+    in batches of half a second's ops rather than one pass per op. Idle passes after the first
+    are not kept in the passes returned."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
     if poll_seconds is not None and (not poll_seconds > 0 or max_seconds is None):
@@ -112,6 +113,7 @@ def drain(
     tables = OpenTables(lake)
     try:
         for _ in range(max_passes):
+            pass_started = time.monotonic()
             cut = sequencer.sequence_for_batches(conn, config.max_batch)
             current = DrainPass(cut, scope=scope)
             targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
@@ -158,9 +160,14 @@ def drain(
             # so a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
             if not until_idle or (idle and poll_seconds is None):
                 break
-            if idle:
-                left = max_seconds - (time.monotonic() - started)
-                time.sleep(min(poll_seconds, max(0.0, left)))
+            if poll_seconds is not None:
+                # At most one pass per poll_seconds: a trickle of ops makes passes of a few ops
+                # each, which cost nearly as much as full ones (a standing run spinning on them
+                # took a core at 200 ops/s); waiting the rest of the interval batches them.
+                now = time.monotonic()
+                rest = min(poll_seconds - (now - pass_started), max_seconds - (now - started))
+                if rest > 0:
+                    time.sleep(rest)
     finally:
         if fetcher is not None:
             fetcher.close()
