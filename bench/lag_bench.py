@@ -338,11 +338,14 @@ def wait_for_sensor(dagster: psycopg.Connection, proc: subprocess.Popen, timeout
 
 
 def standing_shards() -> int:
-    """How many standing shard runs the deployment keeps (ADR 0032): OML_DRAIN_SHARDS (default
-    4) unless OML_SHARD_STANDING switches them off."""
-    if os.environ.get("OML_SHARD_STANDING", "").strip().lower() in ("0", "false", "no", "off"):
+    """How many standing shard runs the deployment keeps (ADR 0032): OML_DRAIN_SHARDS unless
+    OML_SHARD_STANDING (or a 0 s OML_SHARD_RUN_SECONDS) switches them off, as the code location
+    reads them."""
+    from oml_dagster.settings import DRAIN_SHARDS, SHARD_RUN_SECONDS, SHARD_STANDING
+
+    if not SHARD_STANDING.read() or not SHARD_RUN_SECONDS.read():
         return 0
-    return int(os.environ.get("OML_DRAIN_SHARDS") or 4)
+    return DRAIN_SHARDS.read()
 
 
 def wait_for_standing_runs(

@@ -168,6 +168,8 @@ def test_a_standing_run_near_its_cap_gets_its_successor_queued_once(instance):
     no_handover = shard_requests(instance, [], {}, 2, standing=True, now=late)
     assert no_handover == []
     assert WriterResource(shard_standing=False).standing() is False
+    # A cap of 0 s (one pass per run) cannot stand: the sensor then asks only for pending shards.
+    assert WriterResource(shard_standing=True, shard_drain_seconds=0).standing() is False
 
 
 def test_a_standing_shard_run_drains_ops_that_arrive_while_it_waits(

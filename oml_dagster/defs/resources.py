@@ -67,10 +67,10 @@ class WriterResource(ConfigurableResource):
 
     def standing(self) -> bool:
         """Whether shard runs stand (ADR 0032): the sensor keeps one in flight per shard, and a
-        shard run out of work polls the outbox until its cap instead of ending."""
-        if self.shard_standing is None:
-            return SHARD_STANDING.read()
-        return self.shard_standing
+        shard run out of work polls the outbox until its cap instead of ending. A cap of 0 (one
+        pass per run) leaves nothing to stand on: off."""
+        switch = SHARD_STANDING.read() if self.shard_standing is None else self.shard_standing
+        return switch and self.shard_run_seconds() > 0
 
     def shards(self) -> int:
         """How many shard runs the outbox sensor keeps (ADR 0027); 0: one run per tenant."""

@@ -18,6 +18,7 @@ from dagster import (
     AssetObservation,
     DagsterInstance,
     DefaultSensorStatus,
+    RunRecord,
     RunRequest,
     RunsFilter,
     SensorEvaluationContext,
@@ -56,10 +57,20 @@ def tenants_in_flight(instance: DagsterInstance) -> set[str]:
     return {run.tags[PARTITION_TAG] for run in runs if PARTITION_TAG in run.tags}
 
 
+def shard_runs_in_flight(instance: DagsterInstance) -> dict[str, list[RunRecord]]:
+    """The shard runs queued or running, by `oml/shard` tag, from one query of the run storage."""
+    found: dict[str, list[RunRecord]] = {}
+    for record in instance.get_run_records(
+        RunsFilter(job_name=lake_writer_shard_job.name, statuses=IN_FLIGHT)
+    ):
+        if SHARD_TAG in record.dagster_run.tags:
+            found.setdefault(record.dagster_run.tags[SHARD_TAG], []).append(record)
+    return found
+
+
 def shards_in_flight(instance: DagsterInstance) -> set[str]:
-    """`oml/shard` tags of the shard runs queued or running, from one query of the run storage."""
-    runs = instance.get_runs(RunsFilter(job_name=lake_writer_shard_job.name, statuses=IN_FLIGHT))
-    return {run.tags[SHARD_TAG] for run in runs if SHARD_TAG in run.tags}
+    """`oml/shard` tags of the shard runs queued or running."""
+    return set(shard_runs_in_flight(instance))
 
 
 def writers_in_flight(instance: DagsterInstance, tenants: set[str]) -> set[str]:
@@ -96,12 +107,7 @@ def shard_requests(
     for tenant_id, last_seq, drained in pending:
         key = run_key(tenant_id, drained, last_seq, drained_at.get(tenant_id))
         members.setdefault(shard_of(tenant_id, shards), []).append(key)
-    in_flight: dict[str, list] = {}
-    for record in instance.get_run_records(
-        RunsFilter(job_name=lake_writer_shard_job.name, statuses=IN_FLIGHT)
-    ):
-        if SHARD_TAG in record.dagster_run.tags:
-            in_flight.setdefault(record.dagster_run.tags[SHARD_TAG], []).append(record)
+    in_flight = shard_runs_in_flight(instance)
     requests = []
     for shard, keys in sorted(members.items()):
         tag = shard_tag(shard, shards)
@@ -177,7 +183,6 @@ def outbox_sensor(
 
     if shards:
         standing = writer.standing()
-        cap = writer.shard_run_seconds()
         lead = settings.sensor_interval_seconds + HANDOVER_MARGIN_SECONDS
         requests = shard_requests(
             context.instance,
@@ -185,7 +190,7 @@ def outbox_sensor(
             drained_at,
             shards,
             standing=standing,
-            handover_after=max(0.0, cap - lead) if standing and cap > 0 else None,
+            handover_after=max(0.0, writer.shard_run_seconds() - lead) if standing else None,
         )
     else:
         busy = tenants_in_flight(context.instance)

@@ -114,7 +114,7 @@ def drain_shard(
             skip=lambda: tenants_held(context.instance),
             on_pass=report.on_pass,
             on_error=failed,
-            poll_seconds=POLL_SECONDS if writer.standing() and cap > 0 else None,
+            poll_seconds=POLL_SECONDS if writer.standing() else None,
         )
         report.flush()
     context.log.info(

@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import psycopg
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
+from deltalake import DeltaTable, PostCommitHookProperties
 
 from .deltalog import Listing, list_files, live_files
 from .errors import MaintenanceDamage
 from .policy import erasure_bound
-from .rewrites import rewrite_lock
+from .rewrites import maintenance_commit, rewrite_lock
 from .storage import Lake, tenant_tables
 from .tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
 
@@ -144,14 +144,6 @@ def _size(n: float) -> str:
     return f"{n:.1f} {unit}"
 
 
-def _commit_properties(tenant_id: str, operation: Operation) -> CommitProperties:
-    # No app transaction: delta-rs would drop it on OPTIMIZE anyway, and a maintenance commit
-    # must never move the writer's txn version.
-    return CommitProperties(
-        custom_metadata={"oml.tenant_id": tenant_id, "oml.maintenance": operation}
-    )
-
-
 # OPTIMIZE and property commits leave log expiry to the steps that check the table reads back
 # afterwards. delta-rs still expires logs on its own when it writes a checkpoint or commits a
 # VACUUM (whatever the hook settings), so every step reports the log files it saw go.
@@ -234,14 +226,14 @@ def _optimize_locked(t: _Table, operation: Operation, target_size: int | None) -
             list(t.spec.zorder_by),
             target_size=target_size,
             writer_properties=writer_properties(t.spec),
-            commit_properties=_commit_properties(t.tenant_id, operation),
+            commit_properties=maintenance_commit(t.tenant_id, operation),
             post_commithook_properties=_HOOKS,
         )
     else:
         metrics = table.optimize.compact(
             target_size=target_size,
             writer_properties=writer_properties(t.spec),
-            commit_properties=_commit_properties(t.tenant_id, operation),
+            commit_properties=maintenance_commit(t.tenant_id, operation),
             post_commithook_properties=_HOOKS,
         )
     after = live_files(t.open())
@@ -281,7 +273,7 @@ def _sync_properties(t: _Table, bound_seconds: int) -> MaintenanceResult | None:
     version = table.version()
     table.alter.set_table_properties(
         changed,
-        commit_properties=_commit_properties(t.tenant_id, PROPERTIES),
+        commit_properties=maintenance_commit(t.tenant_id, PROPERTIES),
         post_commithook_properties=_HOOKS,
     )
     detail = ", ".join(f"{k}: {current.get(k)!r} -> {v!r}" for k, v in sorted(changed.items()))
@@ -388,7 +380,7 @@ def _vacuum(t: _Table) -> MaintenanceResult:
         retention_hours=None,
         dry_run=False,
         full=True,
-        commit_properties=_commit_properties(t.tenant_id, VACUUM),
+        commit_properties=maintenance_commit(t.tenant_id, VACUUM),
         post_commithook_properties=_HOOKS,
     )
     after = t.listing()

@@ -23,6 +23,18 @@ SMALL_FILES_EVERY = 16
 SMALL_FILE_TARGET = 8 * 2**20
 
 
+def maintenance_commit(
+    tenant_id: str, operation: str, trigger: str | None = None
+) -> CommitProperties:
+    """The commit properties of every maintenance commit (`oml.maintenance` = the operation;
+    `oml.trigger` = "writer" for the writer's packing). No app transaction: delta-rs drops it on
+    OPTIMIZE anyway, and a maintenance commit must never move the writer's txn version."""
+    metadata = {"oml.tenant_id": tenant_id, "oml.maintenance": operation}
+    if trigger is not None:
+        metadata["oml.trigger"] = trigger
+    return CommitProperties(custom_metadata=metadata)
+
+
 @contextmanager
 def rewrite_lock(
     conn: psycopg.Connection, tenant_id: str, name: str, *, wait: bool = True
@@ -68,13 +80,8 @@ def compact_small_files(
         metrics = table.optimize.compact(
             target_size=SMALL_FILE_TARGET,
             writer_properties=writer_properties(spec),
-            commit_properties=CommitProperties(
-                custom_metadata={
-                    "oml.tenant_id": tenant_id,
-                    "oml.maintenance": "compact",  # maintenance.COMPACT
-                    "oml.trigger": "writer",
-                }
-            ),
+            # "compact" is maintenance.COMPACT (maintenance imports this module).
+            commit_properties=maintenance_commit(tenant_id, "compact", trigger="writer"),
             post_commithook_properties=hooks,
         )
     return int(metrics.get("numFilesRemoved") or 0)

@@ -137,8 +137,6 @@ class BatchResult:
     ops_folded: int = 0
     # The next batch, fetched while this one folded and committed (None: the outbox's tail).
     next_batch: Future[Batch] | None = None
-    # Table name -> small files the batch's compaction on the way replaced (ADR 0033).
-    compacted: dict[str, int] = field(default_factory=dict)
 
     @property
     def committed(self) -> bool:
@@ -686,8 +684,7 @@ def _compact_on_the_way(
         except CommitFailedError:
             tables.forget(handle.uri)
             continue
-        if replaced:
-            result.compacted[handle.name] = replaced
+        if replaced:  # a packing commit moved the version, not the txn: no log read for it
             tables.keep(handle.uri, handle.table, handle.txn)
 
 
