@@ -5,6 +5,7 @@ each tenant's commits to that tenant's partition. Real Postgres, real Delta tabl
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 import pytest
@@ -132,8 +133,15 @@ def test_standing_runs_are_kept_for_every_shard_pending_or_not(conn, lake, defs,
     assert {r.tags[SHARD_TAG] for r in busy.run_requests} == {"1/3"}
     # An idle shard's run is keyed by the tick's time: it is asked for again once its last
     # run has ended (the same key would make Dagster skip it).
-    later = tick(defs, instance, 3, standing=True)
-    assert {r.tags[SHARD_TAG] for r in later.run_requests} == {"1/3"}
+    from oml_dagster.defs.sensors import shard_requests
+
+    def idle_key(now):
+        (request,) = shard_requests(instance, [], {}, 1, standing=True, now=now)
+        return request.run_key
+
+    first = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
+    assert idle_key(first) == idle_key(first)
+    assert idle_key(first + dt.timedelta(seconds=30)) != idle_key(first)
     assert WriterResource().standing() is True
 
 
@@ -142,8 +150,6 @@ def test_a_standing_run_near_its_cap_gets_its_successor_queued_once(instance):
     seconds, the sensor asks for its successor, keyed by that run's id, so the successor waits
     in the queue and starts when it ends; not before that, and not for a shard already
     holding a successor."""
-    import datetime as dt
-
     from dagster._core.events import DagsterEvent, DagsterEventType
 
     from oml_dagster.defs.sensors import shard_requests
