@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--sort", default="cumulative", help="pstats order: cumulative, tottime")
+    parser.add_argument("--dump", help="also write the profile to this file (pstats format)")
     args = parser.parse_args()
     print(machine())
     with fresh_database("oml_pass") as dsn, tempfile.TemporaryDirectory() as root:
@@ -59,6 +60,8 @@ def main() -> None:
             for one in drain(conn, lake, config=config, until_idle=True, max_passes=args.passes):
                 batches += len(one.batches)
             profiler.disable()
+            if args.dump:
+                profiler.dump_stats(args.dump)
             elapsed = time.perf_counter() - started
     print(
         f"{batches} tenant batches in {elapsed:.2f} s: {1000 * elapsed / max(batches, 1):.0f} ms each"

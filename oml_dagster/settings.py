@@ -203,6 +203,13 @@ MAX_BATCH: Setting[int] = _count_setting(
     "Ops per tenant batch at most (a batch also stops at about 64 MiB of payload); it sets a "
     "drain's peak memory: ~1.2 GiB at 50000 on a 1M-op backlog, under 1 GiB at 25000.",
 )
+MEMORY_BUDGET_MIB: Setting[int] = _count_setting(
+    "OML_MEMORY_BUDGET_MIB",
+    960,
+    0,
+    "Resident memory (MiB) a drain keeps its process under by lowering the batch cap below "
+    "OML_MAX_BATCH when its batches' measured cost per op calls for it (Linux); 0: no budget.",
+)
 TXN_LAG_LIMIT: Setting[int | None] = _count_setting(
     "OML_TXN_LAG_LIMIT",
     None,
@@ -311,6 +318,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     LAKE_URI,
     LAKE_STORAGE_OPTIONS,
     MAX_BATCH,
+    MEMORY_BUDGET_MIB,
     TXN_LAG_LIMIT,
     FOLD_TIMEOUT_SECONDS,
     RUN_DRAIN_SECONDS,

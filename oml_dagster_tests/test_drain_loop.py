@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 
 from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import DrainPass, drain, release_memory
+from oml_dagster.lake.drain import DrainPass, drain
 from oml_dagster.lake.fetch import Fetcher
+from oml_dagster.lake.memory import release_memory
 from oml_dagster.lake.writer import WriterConfig
 
 from .dagster_support import more_acts, seed_tenant

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 BAD = {
     "OML_LAKE_STORAGE_OPTIONS": '["not", "an", "object"]',
     "OML_MAX_BATCH": "1",
+    "OML_MEMORY_BUDGET_MIB": "-1",
     "OML_TXN_LAG_LIMIT": "0",
     "OML_FOLD_TIMEOUT_SECONDS": "0",
     "OML_RUN_DRAIN_SECONDS": "-1",

@@ -4,9 +4,6 @@ tenant, until idle or a time cap: ADR 0021)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -17,6 +14,7 @@ import psycopg
 
 from . import sequencer
 from .fetch import Batch, Fetcher
+from .memory import MemoryGovernor, release_memory
 from .sequencer import SequencerReport
 from .storage import Lake, OpenTables
 from .writer import BatchResult, WriterConfig, drain_tenant
@@ -24,19 +22,6 @@ from .writer import BatchResult, WriterConfig, drain_tenant
 # After a tenant batch of this many ops the drain hands the memory the batch freed back to the
 # system (`release_memory`): a full batch's Python objects and buffers are hundreds of MiB.
 RELEASE_AFTER_OPS = 10_000
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-_malloc_trim = getattr(_libc, "malloc_trim", None)  # glibc only
-
-
-def release_memory() -> None:
-    """Collect reference cycles (some hold Arrow buffers until the cyclic collector runs) and
-    return glibc's free heap pages to the system (delta-rs's and the fold's allocations are
-    freed into heaps glibc keeps otherwise). Without it a long drain's resident memory creeps up
-    batch after batch though nothing stays referenced (bench/RESULTS.md, issue 10 target 3)."""
-    gc.collect()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
 
 
 @dataclass
@@ -73,6 +58,7 @@ def drain(
     skip: Callable[[], set[str]] | None = None,
     on_error: Callable[[str, Exception], None] | None = None,
     poll_seconds: float | None = None,
+    governor: MemoryGovernor | None = None,
 ) -> list[DrainPass]:
     """Run passes until one neither sequences nor applies anything (or just one pass), or until
     a pass ends `max_seconds` after the start (the pass under way always finishes: its batches
@@ -90,7 +76,11 @@ def drain(
     which passes again until `max_seconds`, at most once per `poll_seconds`: ops arriving after a
     quiet spell are sequenced and drained by a writer already running, and a trickle is drained
     in batches of half a second's ops rather than one pass per op. Idle passes after the first
-    are not kept in the passes returned."""
+    are not kept in the passes returned.
+
+    Each batch takes at most `config.max_batch` ops, fewer when the memory budget
+    (`config.memory_budget_mib`, measured by `governor`, one made here when none is given) calls
+    for it (ADR 0034)."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
     if poll_seconds is not None and (not poll_seconds > 0 or max_seconds is None):
@@ -111,6 +101,8 @@ def drain(
     failed: set[str] = set()
     # The tenants' tables stay open from one pass to the next (brought up to date per batch).
     tables = OpenTables(lake)
+    # Batches as large as the memory budget allows (ADR 0034), up to the configured cap.
+    governor = governor or MemoryGovernor(config.memory_budget_mib or None)
     try:
         for _ in range(max_passes):
             pass_started = time.monotonic()
@@ -126,12 +118,13 @@ def drain(
             for tenant_id in targets:
                 fetcher = fetcher or Fetcher(conn)
                 futures.wait([f for f in following.values() if f is not None])
+                cap = governor.cap(config.max_batch)
                 try:
                     result = drain_tenant(
                         conn,
                         lake,
                         tenant_id,
-                        config,
+                        config if cap == config.max_batch else config.capped(cap),
                         fetcher=fetcher,
                         prefetched=following.pop(tenant_id, None),
                         tables=tables,
@@ -147,6 +140,7 @@ def drain(
                 # otherwise pin every batch of the backlog until the drain ends.
                 result.next_batch = None
                 current.batches.append(result)
+                governor.observed(result.ops)
                 if result.ops >= RELEASE_AFTER_OPS:
                     release_memory()
             idle = not current.progressed

@@ -20,6 +20,7 @@ How a batch is cut and folded:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from oml_dagster.settings import FOLD_TIMEOUT_SECONDS, MAX_BATCH
+from oml_dagster.settings import FOLD_TIMEOUT_SECONDS, MAX_BATCH, MEMORY_BUDGET_MIB
 
 from . import catalog, deadletter, queries
 from .bronze import checked_events, cleared_events
@@ -85,10 +86,20 @@ class WriterConfig:
     max_commit_attempts: int = 8
     # A fold running longer than this fails with BatchTimeout naming its op (None: no bound).
     fold_timeout_seconds: float | None = field(default_factory=FOLD_TIMEOUT_SECONDS.read)
+    # A drain lowers its batches' cap to keep its process's resident memory under this (MiB;
+    # 0: no budget, the cap alone). See lake/memory.py.
+    memory_budget_mib: int = field(default_factory=MEMORY_BUDGET_MIB.read)
 
     def __post_init__(self):
         if self.max_batch < 2 or not 0 < self.txn_lag_limit < self.max_batch:
             raise ValueError("need max_batch >= 2 and 0 < txn_lag_limit < max_batch")
+
+    def capped(self, max_batch: int) -> WriterConfig:
+        """This config with batches of at most `max_batch` ops (the txn lag limit kept below)."""
+        max_batch = max(2, min(max_batch, self.max_batch))
+        return dataclasses.replace(
+            self, max_batch=max_batch, txn_lag_limit=min(self.txn_lag_limit, max_batch // 2) or 1
+        )
 
     @classmethod
     def for_batch(cls, max_batch: int, txn_lag_limit: int | None = None) -> WriterConfig:
@@ -565,7 +576,7 @@ def _drain_batch(
             f"through {decided}"
         )
     batch = prefetched.result() if prefetched is not None else None
-    if batch is None or batch.after != base:
+    if batch is None or batch.after != base or len(batch) > config.max_batch:
         batch = fetcher.fetch(tenant_id, base, config.max_batch, config.max_batch_bytes)
     if not len(batch):
         result = BatchResult(tenant_id, base, base)
