@@ -200,8 +200,8 @@ MAX_BATCH: Setting[int] = _count_setting(
     "OML_MAX_BATCH",
     50_000,
     2,
-    "Ops per tenant batch at most (a batch also stops at about 64 MiB of payload); it sets a "
-    "drain's peak memory: ~1.2 GiB at 50000 on a 1M-op backlog, under 1 GiB at 25000.",
+    "Ops per tenant batch at most (a batch also stops at about 64 MiB of payload); a drain "
+    "takes fewer when OML_MEMORY_BUDGET_MIB calls for it.",
 )
 MEMORY_BUDGET_MIB: Setting[int] = _count_setting(
     "OML_MEMORY_BUDGET_MIB",
@@ -215,7 +215,7 @@ TXN_LAG_LIMIT: Setting[int | None] = _count_setting(
     None,
     1,
     "Ops an idle table may lag before it gets a txn-only commit; below OML_MAX_BATCH.",
-    shown_default="2500, or half of OML_MAX_BATCH when that is less",
+    shown_default="200, or half of OML_MAX_BATCH when that is less",
 )
 FOLD_TIMEOUT_SECONDS = _seconds_setting(
     "OML_FOLD_TIMEOUT_SECONDS",

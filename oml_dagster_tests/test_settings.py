@@ -109,9 +109,10 @@ def test_the_earlier_timezone_name_is_read_and_a_disagreement_refused():
 
 def test_the_cli_and_the_dagster_resource_derive_the_same_writer_config(monkeypatch):
     for env, expected in (
-        ({}, (50_000, 2_500)),
-        ({"OML_MAX_BATCH": "10000"}, (10_000, 2_500)),
-        ({"OML_MAX_BATCH": "1000"}, (1_000, 500)),
+        ({}, (50_000, 200)),
+        ({"OML_MAX_BATCH": "10000"}, (10_000, 200)),
+        ({"OML_MAX_BATCH": "1000"}, (1_000, 200)),
+        ({"OML_MAX_BATCH": "300"}, (300, 150)),
         ({"OML_MAX_BATCH": "1000", "OML_TXN_LAG_LIMIT": "10"}, (1_000, 10)),
     ):
         for name in ("OML_MAX_BATCH", "OML_TXN_LAG_LIMIT"):

@@ -3,11 +3,11 @@ process's peak resident memory under a budget (ADR 0034).
 
 A batch's peak is the process's baseline (libraries, open tables, the tables' own growth) plus
 what the batch holds while it commits: its Arrow columns and Python ops, the working rows, the
-next batch read ahead. The second part grows with the batch's ops. So after each large enough
-batch the governor measures the peak it reached (Linux: `VmHWM`, reset before the batch through
-`/proc/self/clear_refs`), takes the memory per op it cost, and caps the next batch at what the
-budget leaves above the baseline. A backlog then drains in batches as large as the budget allows,
-whatever its length; where the kernel offers no peak reading the cap stays as configured.
+next batch read ahead. The second part grows with the batch's ops, the first with the tables, so
+no fixed cap suits every backlog. The governor measures the peak each large enough batch reached
+(Linux: `VmHWM`, reset before the batch through `/proc/self/clear_refs`) and sets the next
+batch's cap from it: a backlog drains in batches as large as the budget lets the process hold.
+Where the kernel offers no peak reading the cap stays as configured.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import ctypes
 import ctypes.util
 import gc
 import re
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
 _malloc_trim = getattr(_libc, "malloc_trim", None)  # glibc only
@@ -65,31 +64,38 @@ def reset_peak() -> bool:
     return True
 
 
-def batch_cap(
-    budget_mib: float, baseline_mib: float, mib_per_op: float, most: int, least: int
+def next_cap(
+    cap: int, ops: int, before_mib: float, peak_mib: float, budget_mib: float, least: int
 ) -> int:
-    """The ops a batch may take so that baseline + ops × cost stays within the budget, between
-    `least` and `most` (a budget already spent by the baseline still drains, `least` at a time)."""
-    room = budget_mib - baseline_mib
-    if room <= 0:
-        return least
-    if mib_per_op <= 0:
-        return most
-    return max(least, min(most, int(room / mib_per_op)))
+    """The cap after a batch of `ops` ops under `cap` that raised the resident memory from
+    `before_mib` to `peak_mib`. Over the budget: the batch's size scaled down by the share of
+    its growth the budget had room for (between a half and nine tenths of it). Well under it
+    (below 85 %) after a full batch: a quarter more. Otherwise unchanged."""
+    if peak_mib > budget_mib:
+        grown = peak_mib - before_mib
+        share = (budget_mib - before_mib) / grown if grown > 0 else 0.0
+        return max(least, int(min(cap, ops) * min(max(share, 0.5), 0.9)))
+    if ops >= cap and peak_mib < 0.85 * budget_mib:
+        return int(cap * 1.25) + 1
+    return cap
 
 
 @dataclass
 class MemoryGovernor:
     """Caps a drain's batches so its process stays under `budget_mib` of resident memory (None:
-    no cap beyond the configured one). Use: `cap(most)` before a batch, `observed(ops)` after."""
+    no cap beyond the configured one). Use: `cap(most)` before a batch, `observed(ops)` after.
+
+    The peak a batch reaches is measured, not predicted: the cap starts at half the configured
+    one, grows while full batches stay well under the budget and shrinks after a batch that
+    went over it (`next_cap`), so a long backlog drains in batches as large as the budget lets
+    the process hold, whatever the tables' own growth does to the baseline."""
 
     budget_mib: float | None
-    # A batch smaller than this tells too little about the cost per op to be measured.
+    # A batch smaller than this tells too little about the memory a batch takes.
     sample_ops: int = 2_000
     # The smallest cap the governor sets.
     least: int = 1_000
-    # The costs per op of the last batches measured; the largest is used (ops differ in weight).
-    costs: deque[float] = field(default_factory=lambda: deque(maxlen=4))
+    current: int | None = None
     _before: float | None = None
     _measuring: bool = False
 
@@ -99,15 +105,24 @@ class MemoryGovernor:
             return most
         self._measuring = reset_peak()
         self._before = resident_mib() if self._measuring else None
-        if not self.costs or self._before is None:
+        if self._before is None:
             return most
-        return batch_cap(self.budget_mib, self._before, max(self.costs), most, self.least)
+        if self.current is None:
+            self.current = max(min(self.least, most), most // 2)
+        if self._before >= self.budget_mib:
+            self.current = self.least
+        self.current = min(self.current, most)
+        return max(2, self.current)
 
     def observed(self, ops: int) -> None:
-        """The batch just drained had `ops` ops: learn what each cost at the peak."""
-        if not self._measuring or self._before is None or ops < self.sample_ops:
+        """The batch just drained had `ops` ops: adjust the cap to the peak it reached."""
+        measuring, self._measuring = self._measuring, False
+        if not measuring or self._before is None or self.current is None:
+            return
+        if ops < self.sample_ops:
             return
         peak = peak_mib()
         if peak is not None:
-            self.costs.append(max(peak - self._before, 0.0) / ops)
-        self._measuring = False
+            self.current = next_cap(
+                self.current, ops, self._before, peak, self.budget_mib, self.least
+            )

@@ -81,8 +81,11 @@ class WriterConfig:
     max_batch: int = MAX_BATCH.default
     max_batch_bytes: int = 64 * 2**20
     # A table with nothing to change gets a txn-only commit once this many of the tenant's ops
-    # lie between its txn version and the batch end. Must stay below max_batch.
-    txn_lag_limit: int = 2500
+    # lie between its txn version and the batch end. Must stay below max_batch. Every batch is
+    # read from the lowest txn version of the tenant's tables, so a quiet table (gold.areas, a
+    # curated table) makes each small batch re-read and re-fold up to this many ops; a txn-only
+    # commit costs about as much as re-folding a hundred or two (ADR 0035).
+    txn_lag_limit: int = 200
     max_commit_attempts: int = 8
     # A fold running longer than this fails with BatchTimeout naming its op (None: no bound).
     fold_timeout_seconds: float | None = field(default_factory=FOLD_TIMEOUT_SECONDS.read)
@@ -576,7 +579,8 @@ def _drain_batch(
             f"through {decided}"
         )
     batch = prefetched.result() if prefetched is not None else None
-    if batch is None or batch.after != base or len(batch) > config.max_batch:
+    # A batch read ahead under another cap (the memory budget moved it) is read again.
+    if batch is None or batch.after != base or batch.max_ops != config.max_batch:
         batch = fetcher.fetch(tenant_id, base, config.max_batch, config.max_batch_bytes)
     if not len(batch):
         result = BatchResult(tenant_id, base, base)
