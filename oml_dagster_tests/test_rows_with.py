@@ -13,7 +13,7 @@ from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake.storage import Lake, read_rows, rows_with
+from oml_dagster.lake.storage import FileKeys, Lake, may_hold, read_rows, rows_with
 from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_LINEAGE, writer_properties
 from oml_dagster_tests.helpers import merge_rows
 
@@ -82,3 +82,72 @@ def test_a_partitioned_table_is_refused(lineage):
     table, _ = lineage
     with pytest.raises(ValueError, match="bronze.events is partitioned"):
         rows_with(table, BRONZE_EVENTS, {"event_id": {"x"}})
+
+
+def test_kept_match_columns_answer_as_a_fresh_read_across_merges(tmp_path):
+    """A drain's `FileKeys` keeps each file's match columns between lookups: a lookup after a
+    MERGE (new files, old ones removed) reads only the files added since and finds what a
+    lookup with nothing kept finds; the kept columns never pass their bound."""
+    uri = str(tmp_path / "lineage")
+    rows = _edges(60) + _edges(60, "sim-a")
+    props = writer_properties(GOLD_LINEAGE)
+    for part in (rows[:40], rows[40:80], rows[80:]):
+        write_deltalake(
+            uri,
+            pa.Table.from_pylist(part, schema=GOLD_LINEAGE.schema),
+            mode="append",
+            writer_properties=props,
+        )
+    table = Lake(str(tmp_path)).open(uri)
+    keys = FileKeys(most_bytes=1 << 20)
+    ids = [r["edge_id"] for r in rows]
+    matches = {"edge_id": set(ids[::7]), "simulation_id": {"sim-a"}}
+
+    first = keys.rows_with(table, GOLD_LINEAGE, matches)
+    assert keys.read == 3
+    assert sorted(r["edge_id"] for r in first) == sorted(
+        r["edge_id"] for r in rows if r["edge_id"] in matches["edge_id"] or r["simulation_id"]
+    )
+    assert keys.rows_with(table, GOLD_LINEAGE, matches) == first
+    assert keys.read == 3  # nothing read again
+
+    merge_rows(table, GOLD_LINEAGE, [dict(r, state="demoted") for r in rows[:10]])
+    table.update_incremental()
+    files_after = len(table.file_uris())
+    got = keys.rows_with(table, GOLD_LINEAGE, matches)
+    assert sorted(got, key=lambda r: r["edge_id"]) == sorted(
+        rows_with(table, GOLD_LINEAGE, matches), key=lambda r: r["edge_id"]
+    )
+    assert {r["edge_id"] for r in got if r["state"] == "demoted"} == {
+        r["edge_id"] for r in rows[:10] if r["edge_id"] in matches["edge_id"]
+    }
+    assert 1 <= keys.read - 3 <= files_after - 2  # the MERGE's new file(s) only
+
+    small = FileKeys(most_bytes=4_000)  # room for one file's edge ids, not three
+    for _ in range(3):
+        assert len(small.rows_with(table, GOLD_LINEAGE, matches)) == len(got)
+        assert small._bytes <= 4_000
+
+
+@pytest.fixture(scope="module")
+def seq_files(tmp_path_factory):
+    """A table of three files whose `applied_seq` values are known: 10-19, 40-44 and 100."""
+    uri = str(tmp_path_factory.mktemp("may-hold") / "lineage")
+    files = [list(range(10, 20)), list(range(40, 45)), [100]]
+    for values in files:
+        rows = [dict(r, applied_seq=v) for r, v in zip(_edges(len(values)), values, strict=True)]
+        write_deltalake(uri, pa.Table.from_pylist(rows, schema=GOLD_LINEAGE.schema), mode="append")
+    return Lake(str(tmp_path_factory.getbasetemp())).open(uri), files
+
+
+@settings(max_examples=60, deadline=None)
+@given(low=st.integers(0, 110), span=st.integers(0, 30))
+def test_may_hold_is_false_only_when_no_file_can_hold_the_range(seq_files, low, span):
+    """The writer skips its bronze query for a batch's journal_seqs when `may_hold` says no
+    file reaches them: it must say yes whenever a row lies in the range."""
+    table, files = seq_files
+    high = low + span
+    reaches = any(min(v) <= high and max(v) >= low for v in files)
+    assert may_hold(table, "applied_seq", low, high) == reaches
+    if any(low <= x <= high for v in files for x in v):
+        assert may_hold(table, "applied_seq", low, high)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -14,6 +15,7 @@ from urllib.parse import urlparse
 import botocore.session
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -132,8 +134,13 @@ class OpenTables:
     deleted and then rebuilt past that version meanwhile would pass the check: that takes
     another writer of the same tenant during the drain, which the lease rules out."""
 
+    # What a drain keeps of its tables' match columns (`FileKeys`): some thousands of files'
+    # keys, a small part of the memory budget.
+    KEPT_KEY_BYTES = 32 * 2**20
+
     def __init__(self, lake: Lake):
         self.lake = lake
+        self.keys = FileKeys(lake.storage_options, most_bytes=self.KEPT_KEY_BYTES)
         self._tables: dict[str, DeltaTable] = {}
         self._rows: dict[str, tuple[int, pa.Table]] = {}
         self._txns: dict[str, tuple[int, int]] = {}
@@ -305,31 +312,98 @@ def read_table(table: DeltaTable, spec: TableSpec, where: str | None = None) -> 
     return conform(query(table, "*", where), spec)
 
 
+class FileKeys:
+    """The writer's lookup of the rows a batch touches (`rows_with`), with each data file's match
+    columns kept between lookups. A Delta data file never changes once written (a MERGE or a
+    rewrite adds new files), so a drain that comes back to a table reads the match columns of
+    the files added since its last visit only; a file whose columns hold a match is read whole.
+    Listing the files takes the table's add actions, not a pyarrow dataset, whose construction
+    costs about a millisecond per file (ADR 0036). The kept columns are bounded by
+    `most_bytes`: past it the least recently used go."""
+
+    def __init__(self, storage_options: Mapping[str, str] | None = None, most_bytes: int = 0):
+        self.storage_options = dict(storage_options or {})
+        self.most_bytes = most_bytes
+        self._kept: OrderedDict[tuple[str, str, tuple[str, ...]], pa.Table] = OrderedDict()
+        self._bytes = 0
+        self.read = 0  # files whose match columns were read (not kept from a lookup before)
+
+    def rows_with(
+        self, table: DeltaTable, spec: TableSpec, matches: Mapping[str, Collection[str]]
+    ) -> list[dict]:
+        """Rows of `table` whose value in one of the `matches` columns is among that column's
+        strings, as dicts cast to the spec's types. Not an SQL `IN` list: the query engine plans
+        one of tens of thousands of values in seconds, and past about 25,000 values overflows
+        the calling thread's stack (a segfault in delta-rs; docs/decisions/0029)."""
+        if spec.partition_by:
+            raise ValueError(f"{spec.name} is partitioned: rows_with reads unpartitioned tables")
+        wanted = {c: pa.array(sorted(v), pa.string()) for c, v in matches.items() if v}
+        if not wanted:
+            return []
+        columns = tuple(sorted(wanted))
+        files = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
+        sizes = {f["path"]: f["size_bytes"] for f in files}
+        filesystem = pafs.PyFileSystem(
+            DeltaStorageHandler(table.table_uri, self.storage_options or None, sizes)
+        )
+        found = []
+        for path in sizes:
+            keys = self._columns(table.table_uri, filesystem, path, columns)
+            mask = None
+            for column, values in wanted.items():
+                hit = pc.is_in(keys[column], value_set=values)
+                mask = hit if mask is None else pc.or_(mask, hit)
+            mask = pc.fill_null(mask, False)
+            if pc.any(mask).as_py():
+                # Cast before filtering: a MERGE writes view types, which Arrow cannot filter.
+                whole = _PARQUET.make_fragment(path, filesystem=filesystem).to_table()
+                found.append(conform(whole, spec).filter(mask))
+        return pa.concat_tables(found).to_pylist() if found else []
+
+    def _columns(
+        self, table_uri: str, filesystem: pafs.FileSystem, path: str, columns: tuple[str, ...]
+    ) -> pa.Table:
+        """The file's `columns` as strings, from what is kept or read now (and kept)."""
+        key = (table_uri, path, columns)
+        kept = self._kept.get(key)
+        if kept is not None:
+            self._kept.move_to_end(key)
+            return kept
+        self.read += 1
+        data = _PARQUET.make_fragment(path, filesystem=filesystem).to_table(columns=list(columns))
+        kept = pa.table({c: pc.cast(data[c], pa.string()) for c in columns})
+        if kept.nbytes <= self.most_bytes:
+            self._kept[key] = kept
+            self._bytes += kept.nbytes
+            while self._bytes > self.most_bytes:
+                _, dropped = self._kept.popitem(last=False)
+                self._bytes -= dropped.nbytes
+        return kept
+
+
+_PARQUET = pads.ParquetFileFormat()
+
+
 def rows_with(
-    table: DeltaTable, spec: TableSpec, matches: Mapping[str, Collection[str]]
+    table: DeltaTable,
+    spec: TableSpec,
+    matches: Mapping[str, Collection[str]],
+    storage_options: Mapping[str, str] | None = None,
 ) -> list[dict]:
-    """Rows of `table` whose value in one of the `matches` columns is among that column's
-    strings, as dicts cast to the spec's types. Read file by file: the match columns first, the
-    whole file only when it holds a match. Not an SQL `IN` list: the query engine plans one of
-    tens of thousands of values in seconds, and past about 25,000 values overflows the calling
-    thread's stack (a segfault in delta-rs; docs/decisions/0029)."""
-    if spec.partition_by:
-        raise ValueError(f"{spec.name} is partitioned: rows_with reads unpartitioned tables")
-    wanted = {c: pa.array(sorted(v), pa.string()) for c, v in matches.items() if v}
-    if not wanted:
-        return []
-    found = []
-    for fragment in table.to_pyarrow_dataset().get_fragments():
-        keys = fragment.to_table(columns=list(wanted))
-        mask = None
-        for column, values in wanted.items():
-            hit = pc.is_in(pc.cast(keys[column], pa.string()), value_set=values)
-            mask = hit if mask is None else pc.or_(mask, hit)
-        mask = pc.fill_null(mask, False)
-        if pc.any(mask).as_py():
-            # Cast before filtering: a MERGE writes view types, which Arrow cannot filter.
-            found.append(conform(fragment.to_table(), spec).filter(mask))
-    return pa.concat_tables(found).to_pylist() if found else []
+    """`FileKeys.rows_with` with nothing kept: every file's match columns are read."""
+    return FileKeys(storage_options).rows_with(table, spec, matches)
+
+
+def may_hold(table: DeltaTable, column: str, low: int, high: int) -> bool:
+    """Whether some data file of `table` may hold a `column` value between `low` and `high`,
+    by the min/max statistics its log records (a file without them may)."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    if not files.num_rows:
+        return False
+    least, most = files[f"min.{column}"], files[f"max.{column}"]
+    unknown = pc.or_(pc.is_null(least), pc.is_null(most))
+    overlap = pc.and_(pc.less_equal(least, high), pc.greater_equal(most, low))
+    return pc.any(pc.or_(unknown, pc.fill_null(overlap, False))).as_py()
 
 
 def query(table: DeltaTable, columns: str = "*", where: str | None = None) -> pa.Table:

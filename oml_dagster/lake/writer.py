@@ -54,7 +54,7 @@ from .errors import (
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
 from .rewrites import compact_small_files
-from .storage import Lake, OpenTables, app_txn, query, rows_with, sql_text
+from .storage import FileKeys, Lake, OpenTables, app_txn, may_hold, query, sql_text
 from .tables import (
     APP_ID,
     BRONZE_EVENTS,
@@ -255,8 +255,11 @@ def _matching_silver_keys(table: DeltaTable, sims: set, tainted: set, workareas:
     return keys
 
 
-def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) -> None:
-    """Read every existing row the batch's ops can touch into the working tables."""
+def _prefetch(
+    state: TenantState, handles: dict[str, _Handle], ops: list[Op], files: FileKeys
+) -> None:
+    """Read every existing row the batch's ops can touch into the working tables (through
+    `files`, which keeps the data files' match columns between batches)."""
     claim_keys = {
         (op.args["artifact_id"], op.args["version"]) for op in ops if op.name.startswith("claim.")
     }
@@ -282,14 +285,14 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
         if sims or validations:
             keys |= _matching_silver_keys(silver, sims, tainted, validations)
         if keys:
-            rows = rows_with(silver, SILVER_CLAIMS, {"artifact_id": {k[0] for k in keys}})
+            rows = files.rows_with(silver, SILVER_CLAIMS, {"artifact_id": {k[0] for k in keys}})
             state.silver.load(r for r in rows if (r["artifact_id"], r["version"]) in keys)
             state.silver.looked_for(keys)
 
     lineage = handles[GOLD_LINEAGE.name].table
     if lineage is not None and (edge_ids or sims):
         matches = {"edge_id": edge_ids, "simulation_id": sims}
-        state.lineage.load(rows_with(lineage, GOLD_LINEAGE, matches))
+        state.lineage.load(files.rows_with(lineage, GOLD_LINEAGE, matches))
         state.lineage.looked_for((e,) for e in edge_ids)
 
     # Curated rows a demote, erase or repair reaches: routed by the silver row's workarea.
@@ -308,7 +311,9 @@ def _prefetch(state: TenantState, handles: dict[str, _Handle], ops: list[Op]) ->
             if (row := state.silver.get(k)) is None or row["workarea_id"] == workarea_id
         }
         if wanted:
-            rows = rows_with(handle.table, GOLD_CURATED, {"artifact_id": {k[0] for k in wanted}})
+            rows = files.rows_with(
+                handle.table, GOLD_CURATED, {"artifact_id": {k[0] for k in wanted}}
+            )
             work.load(r for r in rows if (r["artifact_id"], r["version"]) in wanted)
 
 
@@ -624,7 +629,7 @@ def _drain_batch(
     result.ops_folded = len(ops)
     parsed = [op for _, op in ops if isinstance(op, Op)]
 
-    state = _working_state(conn, tenant_id, handles, area_rows, parsed)
+    state = _working_state(conn, tenant_id, handles, area_rows, parsed, tables.keys)
     state.events.update(held)
     state.bronze.columns = cleared.rows
     label = f"tenant {tenant_id}, batch ({base}, {batch_end}]"
@@ -738,13 +743,15 @@ def _parse(tenant_id: str, rows: list[tuple]) -> list[tuple[int, Op | RefusedOp]
 
 def _held_events(bronze: DeltaTable | None, journal_seqs: list[int]) -> dict[int, tuple]:
     """journal_seq -> (event_id, hash) of the events bronze holds between the least and the
-    greatest of `journal_seqs`."""
+    greatest of `journal_seqs`. Bronze is not queried when no data file's journal_seq range
+    (the log's statistics) reaches theirs: a stream's new events lie above every file."""
     if bronze is None or not journal_seqs:
         return {}
+    low, high = min(journal_seqs), max(journal_seqs)
+    if not may_hold(bronze, "journal_seq", low, high):
+        return {}
     held = query(
-        bronze,
-        "journal_seq, event_id, hash",
-        f"journal_seq BETWEEN {min(journal_seqs)} AND {max(journal_seqs)}",
+        bronze, "journal_seq, event_id, hash", f"journal_seq BETWEEN {low} AND {high}"
     ).to_pylist()
     return {r["journal_seq"]: (r["event_id"], r["hash"]) for r in held}
 
@@ -774,6 +781,7 @@ def _working_state(
     handles: dict[str, _Handle],
     area_rows: list[dict],
     parsed: list[Op],
+    files: FileKeys,
 ) -> TenantState:
     """The tables as their latest versions stand, with every row the batch's ops can touch, plus
     the claim bodies and api keys those ops need from Postgres."""
@@ -798,7 +806,7 @@ def _working_state(
         ),
     )
     state.areas.load(area_rows)
-    _prefetch(state, handles, parsed)
+    _prefetch(state, handles, parsed, files)
     return state
 
 
