@@ -44,14 +44,33 @@ ensure_postgres
 
 PIDS=()
 DAGSTER_PID=""
+descendants() {  # every process below $1, children first
+  local child
+  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    echo "$child"
+    descendants "$child"
+  done
+}
 cleanup() {
   trap - EXIT INT TERM
   if [ -n "$DAGSTER_PID" ] && kill -0 "$DAGSTER_PID" 2>/dev/null; then
-    say "stopping Dagster"
+    say "stopping Dagster and the runs in flight (they show as interrupted)"
+    # Runs in flight (a standing shard run lasts up to OML_SHARD_RUN_SECONDS) are processes of
+    # the code server, which outlive `dagster dev`: they are stopped with it.
+    below=$(descendants "$DAGSTER_PID")
     kill -INT "$DAGSTER_PID" 2>/dev/null || true
     for _ in $(seq 1 30); do kill -0 "$DAGSTER_PID" 2>/dev/null || break; sleep 1; done
     kill -TERM "$DAGSTER_PID" 2>/dev/null || true
     wait "$DAGSTER_PID" 2>/dev/null || true
+    below="$below $(for pid in $below; do descendants "$pid"; done)"
+    for pid in $below; do kill -TERM "$pid" 2>/dev/null || true; done
+    for _ in $(seq 1 15); do
+      alive=""
+      for pid in $below; do kill -0 "$pid" 2>/dev/null && alive="$alive $pid"; done
+      [ -z "$alive" ] && break
+      sleep 1
+    done
+    for pid in $alive; do kill -KILL "$pid" 2>/dev/null || true; done
   fi
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
