@@ -10,7 +10,6 @@ import weakref
 import pyarrow as pa
 import pytest
 
-from oml_dagster.lake import drain as drain_module
 from oml_dagster.lake import sequencer
 from oml_dagster.lake.drain import DrainPass, drain
 from oml_dagster.lake.fetch import Fetcher
@@ -93,55 +92,6 @@ def test_a_polling_drain_waits_for_work_until_its_cap(conn, lake):
         drain(conn, lake, until_idle=True, poll_seconds=0.5)  # unbounded: refused
     with pytest.raises(ValueError, match="poll_seconds"):
         drain(conn, lake, until_idle=True, max_seconds=1, poll_seconds=0)
-
-
-@pytest.mark.parametrize("recut_seconds", [0.0, 1e9])
-def test_a_standing_pass_cuts_again_before_a_tenants_batch(conn, lake, monkeypatch, recut_seconds):
-    """Ops that arrive while a standing run's pass is under way are cut before the next
-    tenant's batch (once `RECUT_SECONDS` have passed since the last cut) and drained in that
-    pass; with the cut only at the start of the pass they wait for the next one."""
-    works = [seed_tenant(conn, bad=False), seed_tenant(conn, bad=False)]
-    ids = {w.tenant_id for w in works}
-    visited: list[str] = []
-    first_pass: list[list] = []
-    real = drain_module.drain_tenant
-
-    def visit(conn_, lake_, tenant_id, *args, **kwargs):
-        result = real(conn_, lake_, tenant_id, *args, **kwargs)
-        if not visited:  # while the pass is under way, ops arrive for the tenant it visits next
-            other = next(w for w in works if w.tenant_id != tenant_id)
-            more_acts(conn, other, 3)
-        visited.append(tenant_id)
-        return result
-
-    def record(p: DrainPass) -> None:
-        if not first_pass:  # tenants with ops neither sequenced nor drained, or not drained
-            unsequenced = conn.execute(
-                "SELECT DISTINCT tenant_id FROM oml.outbox WHERE seq IS NULL AND tenant_id = ANY(%s)",
-                (sorted(ids),),
-            ).fetchall()
-            pending = sequencer.pending_tenants(conn, sorted(ids))
-            first_pass.append(sorted({str(t) for (t,) in unsequenced} | {t for t, *_ in pending}))
-
-    monkeypatch.setattr(drain_module, "drain_tenant", visit)
-    monkeypatch.setattr(drain_module, "RECUT_SECONDS", recut_seconds)
-    drain(
-        conn,
-        lake,
-        until_idle=True,
-        config=WriterConfig(max_batch=1_000, txn_lag_limit=500),
-        owns=ids.__contains__,
-        on_pass=record,
-        max_seconds=1.0,
-        poll_seconds=0.2,
-    )
-
-    assert set(visited[:2]) == ids
-    if recut_seconds == 0:
-        assert first_pass == [[]]  # the first pass drained the late ops too
-    else:
-        assert first_pass == [[visited[1]]]  # they waited for the next pass
-    assert sequencer.pending_tenants(conn, sorted(ids)) == []
 
 
 def test_a_drain_keeps_no_batch_it_has_folded(conn, lake, monkeypatch):

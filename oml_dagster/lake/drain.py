@@ -22,10 +22,6 @@ from .writer import BatchResult, WriterConfig, drain_tenant
 # After a tenant batch of this many ops the drain hands the memory the batch freed back to the
 # system (`release_memory`): a full batch's Python objects and buffers are hundreds of MiB.
 RELEASE_AFTER_OPS = 10_000
-# A standing run's pass over its shard takes seconds under load; rows that arrive meanwhile are
-# cut before the next tenant's batch once this long has passed since the last cut, instead of
-# waiting for the next pass (ADR 0037).
-RECUT_SECONDS = 1.0
 
 
 @dataclass
@@ -80,9 +76,7 @@ def drain(
     which passes again until `max_seconds`, at most once per `poll_seconds`: ops arriving after a
     quiet spell are sequenced and drained by a writer already running, and a trickle is drained
     in batches of half a second's ops rather than one pass per op. Idle passes after the first
-    are not kept in the passes returned. Such a pass also cuts again before a tenant's batch
-    once `RECUT_SECONDS` have passed since its last cut, so a pass over many tenants drains
-    what arrived while it ran.
+    are not kept in the passes returned.
 
     Each batch takes at most `config.max_batch` ops, fewer when the memory budget
     (`config.memory_budget_mib`, measured by `governor`, one made here when none is given) calls
@@ -113,7 +107,6 @@ def drain(
         for _ in range(max_passes):
             pass_started = time.monotonic()
             cut = sequencer.sequence_for_batches(conn, config.max_batch)
-            last_cut = time.monotonic()
             current = DrainPass(cut, scope=scope)
             targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
             if owns is not None and not tenants:
@@ -123,10 +116,6 @@ def drain(
                 targets = [t for t in targets if t not in busy]
             targets = [t for t in targets if t not in failed]
             for tenant_id in targets:
-                if poll_seconds is not None and time.monotonic() - last_cut >= RECUT_SECONDS:
-                    more = sequencer.sequence_for_batches(conn, config.max_batch)
-                    current.sequenced = current.sequenced.then(more)
-                    last_cut = time.monotonic()
                 fetcher = fetcher or Fetcher(conn)
                 futures.wait([f for f in following.values() if f is not None])
                 cap = governor.cap(config.max_batch)
