@@ -9,7 +9,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from deltalake import ColumnProperties, WriterProperties, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -151,3 +151,17 @@ def test_may_hold_is_false_only_when_no_file_can_hold_the_range(seq_files, low, 
     assert may_hold(table, "applied_seq", low, high) == reaches
     if any(low <= x <= high for v in files for x in v):
         assert may_hold(table, "applied_seq", low, high)
+
+
+def test_a_file_without_statistics_may_hold_any_range(tmp_path):
+    """A file whose log entry has no min/max (written without statistics) cannot rule a range
+    out: `may_hold` says yes, so the writer queries bronze rather than miss a replay."""
+    uri = str(tmp_path / "lineage")
+    rows = [dict(r, applied_seq=5) for r in _edges(3)]
+    no_stats = WriterProperties(
+        default_column_properties=ColumnProperties(statistics_enabled="NONE")
+    )
+    data = pa.Table.from_pylist(rows, schema=GOLD_LINEAGE.schema)
+    write_deltalake(uri, data, mode="append", writer_properties=no_stats)
+    table = Lake(str(tmp_path)).open(uri)
+    assert may_hold(table, "applied_seq", 1_000, 2_000)

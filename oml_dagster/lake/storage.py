@@ -385,13 +385,11 @@ _PARQUET = pads.ParquetFileFormat()
 
 
 def rows_with(
-    table: DeltaTable,
-    spec: TableSpec,
-    matches: Mapping[str, Collection[str]],
-    storage_options: Mapping[str, str] | None = None,
+    table: DeltaTable, spec: TableSpec, matches: Mapping[str, Collection[str]]
 ) -> list[dict]:
-    """`FileKeys.rows_with` with nothing kept: every file's match columns are read."""
-    return FileKeys(storage_options).rows_with(table, spec, matches)
+    """`FileKeys.rows_with` with nothing kept: every file's match columns are read (a local
+    table's; the writer's lookups go through `OpenTables.keys`, which knows the lake's store)."""
+    return FileKeys().rows_with(table, spec, matches)
 
 
 def may_hold(table: DeltaTable, column: str, low: int, high: int) -> bool:
