@@ -116,6 +116,21 @@ def test_asset_graph_is_pinned(repo):
     assert TENANT_PARTITIONS_NAME == "oml_lake_tenants"
 
 
+def test_lake_tables_show_their_columns_with_the_spec_meaning(repo):
+    from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
+
+    for path, spec in (("silver/claims", SILVER_CLAIMS), ("gold/curated", GOLD_CURATED)):
+        metadata = repo.asset_graph.get(key(path)).metadata
+        columns = {c.name: c for c in metadata["dagster/column_schema"].columns}
+        assert list(columns) == list(spec.columns), path
+        assert columns["state"].description.startswith("promoted | demoted | erased | held")
+        assert columns["body_ciphertext"].constraints.nullable
+        assert not columns["artifact_id"].constraints.nullable
+    lineage = repo.asset_graph.get(key("gold/lineage")).metadata["dagster/column_schema"]
+    # The spec gives proposed_at no meaning: no description rather than an empty one.
+    assert {c.name: c.description for c in lineage.columns}["proposed_at"] is None
+
+
 def test_asset_checks_are_pinned_and_partitioned(repo):
     graph = repo.asset_graph
     found = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from oml_dagster.lake import queries
+from oml_dagster.lake import queries, tables
 from oml_dagster.lake.tables import (
     BRONZE_EVENTS,
     GOLD_AREAS,
@@ -120,6 +120,53 @@ def test_the_spec_parses_to_every_column():
         "gold.areas": 11,
         "gold.curated_<table>": 1,
     }
+
+
+def _rows_by_heading(text: str, headings) -> dict[str, list[str]]:
+    """The raw column rows (tab-separated lines) under each heading, header rows left out."""
+    rows: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line in headings:
+            current = line
+            rows[current] = []
+        elif current and line.count("\t") >= 3 and not line.startswith("Column\t"):
+            rows[current].append(line)
+        elif current and rows[current]:
+            current = None
+    return rows
+
+
+def test_the_column_file_holds_the_spec_rows_verbatim():
+    headings = [c[0] for c in CASES]
+    ours = (ROOT / "oml_dagster" / "lake" / "columns.tsv").read_text(encoding="utf-8")
+    assert _rows_by_heading(ours, headings) == _rows_by_heading(SPEC.read_text(), headings)
+
+
+def test_a_column_row_the_reader_cannot_type_is_refused_by_line_and_name():
+    text = "silver.claims\nartifact_id\tSTRING\tutf8\tno\tok\nversion\tLONG\tint32\tno\tbad"
+    with pytest.raises(ValueError, match=r"line 3: cannot read column 'version'"):
+        tables._read_columns(text)
+    with pytest.raises(ValueError, match=r"line 2: cannot read column 'a'"):
+        tables._read_columns("silver.claims\na\tSTRING\tutf8\tmaybe")
+    parsed = tables._read_columns(text.replace("int32", "int64"))
+    assert [(f.name, f.type, f.nullable, m) for f, m in parsed["silver.claims"]] == [
+        ("artifact_id", pa.string(), False, "ok"),
+        ("version", pa.int64(), False, "bad"),
+    ]
+
+
+def test_each_column_carries_the_spec_meaning():
+    meanings = {n: m for n, _, _, _, m in spec_rows_with_meaning("silver.claims")}
+    assert SILVER_CLAIMS.meanings == meanings
+    assert GOLD_CURATED.meanings == {**meanings, "curated_at": GOLD_CURATED.meanings["curated_at"]}
+    assert GOLD_CURATED.meanings["curated_at"].startswith("When the validation batch")
+    assert GOLD_LINEAGE.meanings["proposed_at"] == ""  # the spec states none
+
+
+def spec_rows_with_meaning(heading: str) -> list[tuple[str, ...]]:
+    rows = _rows_by_heading(SPEC.read_text(), [heading])[heading]
+    return [tuple((r.split("\t") + [""])[:5]) for r in rows]
 
 
 @pytest.mark.parametrize("heading,spec,partitions", CASES, ids=[c[0] for c in CASES])

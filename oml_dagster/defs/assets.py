@@ -67,6 +67,7 @@ def _column_schema(spec: TableSpec) -> TableSchema:
             TableColumn(
                 name=f.name,
                 type=str(f.type),
+                description=spec.meanings.get(f.name) or None,
                 constraints=None if f.nullable else TableColumnConstraints(nullable=False),
             )
             for f in spec.schema

@@ -1,6 +1,6 @@
 """The one declaration of every lake table: columns, Arrow types, nullability, partitioning,
 MERGE key, body columns, Delta table properties and Parquet writer settings (spec: "Delta
-tables").
+tables"). The columns are the spec's own column tables, row for row, in `columns.tsv`.
 
 The writer, maintenance, the checks and the tests all read the tables from here. Below the
 declarations: the working copies of a tenant's tables during one batch fold (`KeyedWork`,
@@ -10,8 +10,9 @@ declarations: the working copies of a tenant's tables during one batch fold (`Ke
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from importlib import resources
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -39,8 +40,48 @@ CHECKPOINT_INTERVAL = 100
 REWRITE_TARGET_FILE_SIZE = 8 * 2**20
 
 
-def _col(name: str, type_: pa.DataType, nullable: bool = False) -> pa.Field:
-    return pa.field(name, type_, nullable=nullable)
+# The spec's Delta types and the Arrow type each is written as (spec: "Type conventions"). List
+# elements and struct fields are non-null; ARRAY<STRUCT> is the attachments column's type.
+_ARROW_OF: dict[tuple[str, str], pa.DataType] = {
+    ("STRING", "utf8"): pa.string(),
+    ("LONG", "int64"): pa.int64(),
+    ("BINARY", "binary"): pa.binary(),
+    ("TIMESTAMP", "timestamp[µs, UTC]"): TIMESTAMP,
+    ("DATE", "date32"): pa.date32(),
+    ("ARRAY<STRING>", "list<utf8>"): STRING_LIST,
+    ("ARRAY<STRUCT>", "list<struct>"): ATTACHMENTS,
+}
+
+
+def _read_columns(text: str) -> dict[str, list[tuple[pa.Field, str]]]:
+    """Per spec table heading, its columns in order with their meaning, from `columns.tsv` (the
+    spec's rows: column, Delta type, Arrow type, null yes/no, meaning)."""
+    tables: dict[str, list[tuple[pa.Field, str]]] = {}
+    heading = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        if "\t" not in line:
+            heading = line
+            tables[heading] = []
+            continue
+        name, delta, arrow, null, *meaning = line.split("\t")
+        type_ = _ARROW_OF.get((delta, arrow))
+        if type_ is None or null not in ("yes", "no") or not heading:
+            raise ValueError(f"columns.tsv line {number}: cannot read column {name!r}: {line!r}")
+        tables[heading].append((pa.field(name, type_, nullable=null == "yes"), "".join(meaning)))
+    return tables
+
+
+_COLUMNS = _read_columns(
+    resources.files(__package__).joinpath("columns.tsv").read_text(encoding="utf-8")
+)
+
+
+def _columns(*headings: str) -> dict[str, Any]:
+    """A table's `schema` and column `meanings`, from the spec tables under `headings` in order."""
+    rows = [row for heading in headings for row in _COLUMNS[heading]]
+    return {"schema": pa.schema([f for f, _ in rows]), "meanings": {f.name: m for f, m in rows}}
 
 
 @dataclass(frozen=True)
@@ -57,6 +98,8 @@ class TableSpec:
     zorder_by: tuple[str, ...] = field(default=())
     # `delta.targetFileSize` in bytes (None: delta-rs's default, about 100 MiB).
     target_file_size: int | None = None
+    # Each column's meaning as the spec states it ("" where it states none).
+    meanings: dict[str, str] = field(default_factory=dict, compare=False)
 
     @cached_property
     def columns(self) -> tuple[str, ...]:
@@ -95,63 +138,14 @@ def writer_properties(spec: TableSpec) -> WriterProperties:
 BRONZE_EVENTS = TableSpec(
     name="bronze.events",
     relpath="bronze/events",
-    schema=pa.schema(
-        [
-            _col("tenant_id", pa.string()),
-            _col("journal_seq", pa.int64()),
-            _col("event_id", pa.string()),
-            _col("event_type", pa.string()),
-            _col("at", TIMESTAMP),
-            _col("event_date", pa.date32()),
-            _col("prev_hash", pa.binary()),
-            _col("hash", pa.binary()),
-            _col("sig", pa.binary()),
-            _col("signed_bytes", pa.binary()),
-            _col("payload", pa.string()),
-            _col("principal", pa.string()),
-            _col("api_key_id", pa.string()),
-            _col("artifact_id", pa.string(), nullable=True),
-            _col("version", pa.int64(), nullable=True),
-            _col("workarea_id", pa.string(), nullable=True),
-            _col("simulation_id", pa.string(), nullable=True),
-            _col("provenance", pa.string(), nullable=True),
-            _col("outbox_seq", pa.int64()),
-        ]
-    ),
+    **_columns("bronze.events"),
     partition_by=("event_date",),
 )
-
-_CLAIM_COLUMNS = [
-    _col("tenant_id", pa.string()),
-    _col("artifact_id", pa.string()),
-    _col("version", pa.int64()),
-    _col("claim_key", pa.string()),
-    _col("kind", pa.string()),
-    _col("state", pa.string()),
-    _col("workarea_id", pa.string()),
-    _col("workarea_path_at_write", pa.string()),
-    _col("writer_identity", pa.string()),
-    _col("principal", pa.string()),
-    _col("producer", pa.string(), nullable=True),
-    _col("provenance", pa.string()),
-    _col("simulation_id", pa.string(), nullable=True),
-    _col("sim_derived_ids", STRING_LIST, nullable=True),
-    _col("plaintext_digest", pa.string()),
-    _col("ciphertext_digest", pa.string()),
-    _col("body_ciphertext", pa.binary(), nullable=True),
-    _col("body_ref", pa.string()),
-    _col("attachments", ATTACHMENTS, nullable=True),
-    _col("created_at", TIMESTAMP),
-    _col("promoted_at", TIMESTAMP),
-    _col("retracted_at", TIMESTAMP, nullable=True),
-    _col("applied_seq", pa.int64()),
-    _col("fold_seq", pa.int64(), nullable=True),
-]
 
 SILVER_CLAIMS = TableSpec(
     name="silver.claims",
     relpath="silver/claims",
-    schema=pa.schema(_CLAIM_COLUMNS),
+    **_columns("silver.claims"),
     merge_key=("artifact_id", "version"),
     body_columns=("body_ciphertext",),
     zorder_by=("workarea_id", "artifact_id"),
@@ -161,25 +155,7 @@ SILVER_CLAIMS = TableSpec(
 GOLD_LINEAGE = TableSpec(
     name="gold.lineage",
     relpath="gold/lineage",
-    schema=pa.schema(
-        [
-            _col("tenant_id", pa.string()),
-            _col("edge_id", pa.string()),
-            _col("graph", pa.string()),
-            _col("edge_label", pa.string()),
-            _col("src_id", pa.string()),
-            _col("src_version", pa.int64(), nullable=True),
-            _col("dst_id", pa.string()),
-            _col("dst_version", pa.int64(), nullable=True),
-            _col("state", pa.string()),
-            _col("proposer", pa.string()),
-            _col("ratifier", pa.string()),
-            _col("simulation_id", pa.string(), nullable=True),
-            _col("proposed_at", TIMESTAMP),
-            _col("ratified_at", TIMESTAMP),
-            _col("applied_seq", pa.int64()),
-        ]
-    ),
+    **_columns("gold.lineage"),
     merge_key=("edge_id",),
     zorder_by=("src_id",),
 )
@@ -187,32 +163,17 @@ GOLD_LINEAGE = TableSpec(
 GOLD_AREAS = TableSpec(
     name="gold.areas",
     relpath="gold/areas",
-    schema=pa.schema(
-        [
-            _col("tenant_id", pa.string()),
-            _col("workarea_id", pa.string()),
-            _col("parent_id", pa.string(), nullable=True),
-            _col("path", pa.string()),
-            _col("status", pa.string()),
-            _col("crew_name", pa.string(), nullable=True),
-            _col("crew_charter_uri", pa.string(), nullable=True),
-            _col("crew_external_manager", pa.string(), nullable=True),
-            _col("created_at", TIMESTAMP),
-            _col("updated_at", TIMESTAMP),
-            _col("applied_seq", pa.int64()),
-        ]
-    ),
+    **_columns("gold.areas"),
     merge_key=("workarea_id",),
 )
 
-GOLD_CURATED = TableSpec(
+# A curated table is silver's schema plus `curated_at`, kept and maintained like silver (spec:
+# "every maintenance job written for silver runs unmodified against curated tables").
+GOLD_CURATED = replace(
+    SILVER_CLAIMS,
     name="gold.curated",
     relpath="gold/curated",
-    schema=pa.schema([*_CLAIM_COLUMNS, _col("curated_at", TIMESTAMP)]),
-    merge_key=("artifact_id", "version"),
-    body_columns=("body_ciphertext",),
-    zorder_by=("workarea_id", "artifact_id"),
-    target_file_size=REWRITE_TARGET_FILE_SIZE,
+    **_columns("silver.claims", "gold.curated_<table>"),
 )
 
 # Tables every tenant has (curated tables appear per validated workarea).
