@@ -31,7 +31,7 @@ from deltalake import DeltaTable, write_deltalake
 from oml_dagster import cli
 from oml_dagster.defs import maintenance as maintenance_defs
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from oml_dagster.defs.resources import LakeResource, PostgresResource
+from oml_dagster.defs.resources import DeploymentSettings, LakeResource, PostgresResource
 from oml_dagster.lake import deltalog, maintenance, rewrites, sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
@@ -498,7 +498,7 @@ def test_schedules_request_one_run_per_tenant_partition():
 
 
 def test_schedule_cron_and_timezone_come_from_the_environment():
-    defaults = maintenance_defs.build_schedules(maintenance_defs.MaintenanceSchedules.from_env({}))
+    defaults = maintenance_defs.build_schedules(DeploymentSettings.from_env({}))
     assert {s.name: s.cron_schedule for s in defaults} == {
         "nightly_compact_schedule": "0 2 * * *",
         "weekly_zorder_schedule": "0 3 * * 0",
@@ -514,20 +514,18 @@ def test_schedule_cron_and_timezone_come_from_the_environment():
         "OML_SCHEDULE_TIMEZONE": "Europe/Berlin",
         "OML_DAGSTER_AUTOSTART": "false",
     }
-    configured = maintenance_defs.build_schedules(
-        maintenance_defs.MaintenanceSchedules.from_env(env)
-    )
+    configured = maintenance_defs.build_schedules(DeploymentSettings.from_env(env))
     assert [s.cron_schedule for s in configured] == ["15 1 * * *", "0 5 * * 6", "*/30 * * * *"]
     assert {s.execution_timezone for s in configured} == {"Europe/Berlin"}
     assert {s.default_status.value for s in configured} == {"STOPPED"}
     with pytest.raises(ValueError, match="OML_DAGSTER_AUTOSTART='sometimes'"):
-        maintenance_defs.MaintenanceSchedules.from_env({"OML_DAGSTER_AUTOSTART": "sometimes"})
+        DeploymentSettings.from_env({"OML_DAGSTER_AUTOSTART": "sometimes"})
     assert [s.job_name for s in configured] == ["compact_job", "zorder_job", "vacuum_job"]
     # The earlier name of the timezone variable still counts; two disagreeing names are refused.
-    earlier = maintenance_defs.MaintenanceSchedules.from_env({"OML_MAINTENANCE_TZ": "Asia/Tokyo"})
-    assert earlier.timezone == "Asia/Tokyo"
+    earlier = DeploymentSettings.from_env({"OML_MAINTENANCE_TZ": "Asia/Tokyo"})
+    assert earlier.schedule_timezone == "Asia/Tokyo"
     with pytest.raises(ValueError, match="OML_MAINTENANCE_TZ='UTC' disagree"):
-        maintenance_defs.MaintenanceSchedules.from_env(
+        DeploymentSettings.from_env(
             {"OML_SCHEDULE_TIMEZONE": "Europe/Berlin", "OML_MAINTENANCE_TZ": "UTC"}
         )
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from oml_dagster import cli, settings
-from oml_dagster.defs.maintenance import MaintenanceSchedules
 from oml_dagster.defs.resources import DeploymentSettings, WriterResource
 from oml_dagster.lake.errors import InvalidSetting, LakeError
 from oml_dagster.lake.storage import Lake
@@ -92,13 +91,11 @@ def test_good_values_are_read_in_the_setting_s_type(name, raw, value):
 def test_autostart_is_parsed_one_way_for_the_sensor_and_every_schedule(raw, on):
     env = {"OML_DAGSTER_AUTOSTART": raw}
     assert DeploymentSettings.from_env(env).autostart is on
-    assert MaintenanceSchedules.from_env(env).autostart is on
 
 
 def test_the_earlier_timezone_name_is_read_and_a_disagreement_refused():
     earlier = {"OML_MAINTENANCE_TZ": "Asia/Tokyo"}
     assert DeploymentSettings.from_env(earlier).schedule_timezone == "Asia/Tokyo"
-    assert MaintenanceSchedules.from_env(earlier).timezone == "Asia/Tokyo"
     both = {"OML_SCHEDULE_TIMEZONE": "Asia/Tokyo", "OML_MAINTENANCE_TZ": "Asia/Tokyo"}
     assert settings.SCHEDULE_TIMEZONE.read(both) == "Asia/Tokyo"
     with pytest.raises(InvalidSetting, match="OML_MAINTENANCE_TZ='UTC' disagree"):

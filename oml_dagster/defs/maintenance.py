@@ -3,7 +3,8 @@
 Every job is partitioned by tenant (`tenant_partitions`), so each run carries the
 `dagster/partition` tag that the run queue's per-tenant limit keys on: maintenance of a tenant
 never runs next to that tenant's lake-writer run. Each schedule requests one run per tenant
-partition. Cron, timezone and autostart come from `oml_dagster.settings`: OML_COMPACT_CRON
+partition. Cron, timezone and autostart come from `DeploymentSettings` (the environment, through
+`oml_dagster.settings`): OML_COMPACT_CRON
 (bin-pack OPTIMIZE, daily), OML_ZORDER_CRON (Z-order OPTIMIZE, weekly on Sunday),
 OML_VACUUM_CRON (checkpoint, VACUUM and log cleanup, daily), OML_SCHEDULE_TIMEZONE (as every
 other schedule of the code location) and OML_DAGSTER_AUTOSTART (on by default, so a fresh
@@ -12,7 +13,6 @@ deployment vacuums within the erasure bound without being told to).
 
 import datetime as dt
 import functools
-from dataclasses import dataclass
 
 from dagster import (
     Config,
@@ -33,17 +33,9 @@ from dagster import (
 
 from oml_dagster.lake import maintenance
 from oml_dagster.lake.maintenance import MaintenanceResult
-from oml_dagster.settings import (
-    COMPACT_CRON,
-    DAGSTER_AUTOSTART,
-    SCHEDULE_TIMEZONE,
-    VACUUM_CRON,
-    ZORDER_CRON,
-    Env,
-)
 
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import LakeResource, PostgresResource
+from .resources import DeploymentSettings, LakeResource, PostgresResource, settings
 
 
 class OptimizeConfig(Config):
@@ -184,27 +176,6 @@ def vacuum_job():
     cleanup_logs(after=vacuum_tables(after=checkpoint_tables()))
 
 
-@dataclass(frozen=True)
-class MaintenanceSchedules:
-    """When the maintenance jobs run, from the environment (see the module docstring)."""
-
-    compact_cron: str = COMPACT_CRON.default
-    zorder_cron: str = ZORDER_CRON.default
-    vacuum_cron: str = VACUUM_CRON.default
-    timezone: str = SCHEDULE_TIMEZONE.default
-    autostart: bool = DAGSTER_AUTOSTART.default
-
-    @classmethod
-    def from_env(cls, env: Env | None = None) -> "MaintenanceSchedules":
-        return cls(
-            compact_cron=COMPACT_CRON.read(env),
-            zorder_cron=ZORDER_CRON.read(env),
-            vacuum_cron=VACUUM_CRON.read(env),
-            timezone=SCHEDULE_TIMEZONE.read(env),
-            autostart=DAGSTER_AUTOSTART.read(env),
-        )
-
-
 def _per_tenant(job_def: JobDefinition):
     def evaluate(context: ScheduleEvaluationContext):
         tenants = context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
@@ -218,7 +189,7 @@ def _per_tenant(job_def: JobDefinition):
     return evaluate
 
 
-def build_schedules(settings: MaintenanceSchedules) -> list[ScheduleDefinition]:
+def build_schedules(settings: DeploymentSettings) -> list[ScheduleDefinition]:
     status = DefaultScheduleStatus.RUNNING if settings.autostart else DefaultScheduleStatus.STOPPED
     plan = (
         ("nightly_compact_schedule", compact_job, settings.compact_cron),
@@ -230,7 +201,7 @@ def build_schedules(settings: MaintenanceSchedules) -> list[ScheduleDefinition]:
             name=name,
             job=job_def,
             cron_schedule=cron,
-            execution_timezone=settings.timezone,
+            execution_timezone=settings.schedule_timezone,
             execution_fn=_per_tenant(job_def),
             default_status=status,
             description=f"One {job_def.name} run per tenant partition.",
@@ -240,4 +211,4 @@ def build_schedules(settings: MaintenanceSchedules) -> list[ScheduleDefinition]:
 
 
 MAINTENANCE_JOBS: list[JobDefinition] = [compact_job, zorder_job, vacuum_job]
-MAINTENANCE_SCHEDULES: list[ScheduleDefinition] = build_schedules(MaintenanceSchedules.from_env())
+MAINTENANCE_SCHEDULES: list[ScheduleDefinition] = build_schedules(settings)

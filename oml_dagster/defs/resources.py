@@ -14,6 +14,7 @@ from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.settings import (
     ANALYTICS_CRON,
+    COMPACT_CRON,
     DAGSTER_AUTOSTART,
     DRAIN_SHARDS,
     ERASURE_CADENCE_SECONDS,
@@ -23,6 +24,8 @@ from oml_dagster.settings import (
     SENSOR_INTERVAL_SECONDS,
     SHARD_RUN_SECONDS,
     SHARD_STANDING,
+    VACUUM_CRON,
+    ZORDER_CRON,
     Env,
     writer_batch,
 )
@@ -94,15 +97,18 @@ def build_resources() -> dict:
 
 @dataclass(frozen=True)
 class DeploymentSettings:
-    """How the code location runs its automation: the outbox sensor's tick, whether the sensor
-    and the schedules start RUNNING, the reconcile and analytics schedules and their timezone,
-    and the maintenance cadence the erasure check allows on top of the bound."""
+    """How the code location runs its automation: the outbox sensor's tick, whether the sensors
+    and the schedules start RUNNING, every schedule's cron and their one timezone, and the
+    maintenance cadence the erasure check allows on top of the bound."""
 
     sensor_interval_seconds: int = SENSOR_INTERVAL_SECONDS.default
     autostart: bool = DAGSTER_AUTOSTART.default
+    schedule_timezone: str = SCHEDULE_TIMEZONE.default
     reconcile_cron: str = RECONCILE_CRON.default
     analytics_cron: str = ANALYTICS_CRON.default
-    schedule_timezone: str = SCHEDULE_TIMEZONE.default
+    compact_cron: str = COMPACT_CRON.default
+    zorder_cron: str = ZORDER_CRON.default
+    vacuum_cron: str = VACUUM_CRON.default
     erasure_cadence_seconds: int = ERASURE_CADENCE_SECONDS.default
 
     @classmethod
@@ -110,9 +116,12 @@ class DeploymentSettings:
         return cls(
             sensor_interval_seconds=SENSOR_INTERVAL_SECONDS.read(env),
             autostart=DAGSTER_AUTOSTART.read(env),
+            schedule_timezone=SCHEDULE_TIMEZONE.read(env),
             reconcile_cron=RECONCILE_CRON.read(env),
             analytics_cron=ANALYTICS_CRON.read(env),
-            schedule_timezone=SCHEDULE_TIMEZONE.read(env),
+            compact_cron=COMPACT_CRON.read(env),
+            zorder_cron=ZORDER_CRON.read(env),
+            vacuum_cron=VACUUM_CRON.read(env),
             erasure_cadence_seconds=ERASURE_CADENCE_SECONDS.read(env),
         )
 
