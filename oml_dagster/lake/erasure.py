@@ -163,25 +163,21 @@ def erasure_evidence(
     now: dt.datetime | None = None,
 ) -> ErasureEvidence:
     now = now or dt.datetime.now(dt.UTC)
-    bound = erasure_bound(conn, tenant_id)
+    state = _ErasureState.read(conn, lake, tenant_id)
+    bound = state.bound
     evidence = ErasureEvidence(tenant_id, now, bound, cadence)
     for name, spec, uri in tenant_tables(lake, tenant_id):
         if spec in (SILVER_CLAIMS, GOLD_CURATED):
             evidence.tables.append(
                 _table_evidence(lake, name, uri, now, bound + cadence, bound + 2 * cadence)
             )
-    erases = _erases(conn, tenant_id)
     evidence.dead_lettered_erases = [
-        (e.seq, e.artifact_id, e.reason) for e in erases if e.open_dead_letter
+        (e.seq, e.artifact_id, e.reason) for e in state.erases if e.open_dead_letter
     ]
-    # In the lake: the live silver table shows the version erased. The Delta table is the
-    # authority; the frontier cache would pass a lake restored from before the erase.
-    in_lake = _erased_in_silver(lake, tenant_id)
-    first = _first_erased_at(erases)
     evidence.pending_erases = [
-        (e.outbox_id, e.artifact_id, (now - first[e.key]).total_seconds())
-        for e in erases
-        if not e.refused and e.key not in in_lake
+        (e.outbox_id, e.artifact_id, (now - state.first[e.key]).total_seconds())
+        for e in state.erases
+        if not e.refused and e.key not in state.in_lake
     ]
     return evidence
 
@@ -242,6 +238,29 @@ def _first_erased_at(erases: list[_Erase]) -> dict[tuple, dt.datetime]:
     for e in erases:
         first[e.key] = min(first.get(e.key, e.at), e.at)
     return first
+
+
+@dataclass(frozen=True)
+class _ErasureState:
+    """What both reports start from: the tenant's erasure bound, its claim.erase acts, each
+    claim version's first erase act (the SLO clock), and the versions live silver shows erased.
+    The Delta table is the authority for "erased in the lake": the frontier cache would pass a
+    lake restored from before the erase."""
+
+    bound: dt.timedelta
+    erases: list[_Erase]
+    first: dict[tuple, dt.datetime]
+    in_lake: set[tuple[str, int]]
+
+    @classmethod
+    def read(cls, conn: psycopg.Connection, lake: Lake, tenant_id: str) -> _ErasureState:
+        erases = _erases(conn, tenant_id)
+        return cls(
+            erasure_bound(conn, tenant_id),
+            erases,
+            _first_erased_at(erases),
+            _erased_in_silver(lake, tenant_id),
+        )
 
 
 def _erased_in_silver(lake: Lake, tenant_id: str) -> set[tuple[str, int]]:
@@ -398,11 +417,9 @@ def erased_artifacts(
     outbox), its deadline, and every file of silver and the curated tables that still holds its
     ciphertext: data files by their rows, log entries and checkpoints by their bytes."""
     now = now or dt.datetime.now(dt.UTC)
-    bound = erasure_bound(conn, tenant_id)
+    state = _ErasureState.read(conn, lake, tenant_id)
+    bound, erases, first, in_lake = state.bound, state.erases, state.first, state.in_lake
     evidence = ArtifactEvidence(tenant_id, now, bound, cadence)
-    erases = _erases(conn, tenant_id)
-    first = _first_erased_at(erases)
-    in_lake = _erased_in_silver(lake, tenant_id)
     keys = {k for k in first if k[1] is not None} | in_lake
     commits = _applied_at(lake, tenant_id)
 
