@@ -10,8 +10,8 @@ import getpass
 import json
 import sys
 
-from . import maintenance_cli
-from .lake import analytics_cli, db, deadletter, sequencer
+from . import analytics_cli, maintenance_cli
+from .lake import db, deadletter, sequencer
 from .lake.doctor import DEFAULT_LAG_LIMIT, examine
 from .lake.drain import DrainPass, drain
 from .lake.erasure import APPLIED, erased_artifacts, erasure_evidence

@@ -29,8 +29,8 @@ import psycopg
 
 from oml_dagster.settings import PG_DSN
 
-from . import analytics, db
-from .storage import Lake
+from .lake import analytics, db
+from .lake.storage import Lake
 
 
 def _print(*parts: object) -> None:
