@@ -159,9 +159,12 @@ def erasure_evidence(
     lake: Lake,
     tenant_id: str,
     *,
-    cadence: dt.timedelta = DEFAULT_CADENCE,
+    cadence: dt.timedelta = DEFAULT_CADENCE,  # the maintenance cadence allowed past the bound
     now: dt.datetime | None = None,
 ) -> ErasureEvidence:
+    """The erasure check's evidence per table of the tenant (erased rows still holding a body,
+    superseded or orphan files past their deadline, log entries past theirs) and the erases
+    the lake dead-lettered or has not applied yet."""
     now = now or dt.datetime.now(dt.UTC)
     state = _ErasureState.read(conn, lake, tenant_id)
     bound = state.bound

@@ -427,14 +427,14 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
     return t.result(
         LOG_CLEANUP,
         "cleaned" if removed else "unchanged",
-        "log files",
+        "log files",  # commit entries and checkpoints in _delta_log
         files_before=len(before.log),
         files_after=len(after.log),
         files_removed=len(removed),
         bytes_removed=sum(before.log[n][0] for n in removed),
         log_files_removed=len(removed),
         version_before=version,
-        version_after=version,
+        version_after=version,  # log cleanup commits nothing
         live_files=len(live),
         checkpoint_version=after.last_checkpoint(),
         duration_seconds=time.monotonic() - started,

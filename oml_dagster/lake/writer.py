@@ -127,16 +127,18 @@ COMMITS: tuple[CommitAction, ...] = (COMMITTED, TXN_ONLY)
 
 @dataclass
 class TableOutcome:
+    """What one batch did to one table."""
+
     table: str
     action: CommitAction
     rows: int = 0
     # Of `rows`, those the commit inserted and those it updated (from the MERGE's metrics).
     rows_added: int = 0
     rows_updated: int = 0
-    txn_before: int = 0
+    txn_before: int = 0  # the table's app transaction version (an outbox seq) before the batch
     txn_after: int = 0
-    version: int | None = None
-    attempts: int = 0
+    version: int | None = None  # the Delta version the batch committed; None if it committed none
+    attempts: int = 0  # commit attempts: more than one after concurrent commits
 
 
 @dataclass
