@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Concatenate, ParamSpec
 
 import psycopg
@@ -22,6 +22,16 @@ P = ParamSpec("P")
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def _as_payload(record: Any) -> dict[str, Any]:
+    """Every field of a claim or edge, under its column name, instants as the journal writes
+    them: the op payload the producer signs."""
+    out = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        out[f.name] = instant(value) if isinstance(value, dt.datetime) else value
+    return out
 
 
 @dataclass
@@ -48,27 +58,7 @@ class Claim:
     ciphertext_digest: str = ""
 
     def payload(self, self_signed: bool = False) -> dict[str, Any]:
-        return {
-            "artifact_id": self.artifact_id,
-            "version": self.version,
-            "claim_key": self.claim_key,
-            "kind": self.kind,
-            "workarea_id": self.workarea_id,
-            "workarea_path_at_write": self.workarea_path_at_write,
-            "writer_identity": self.writer_identity,
-            "principal": self.principal,
-            "producer": self.producer,
-            "provenance": self.provenance,
-            "simulation_id": self.simulation_id,
-            "sim_derived_ids": self.sim_derived_ids,
-            "plaintext_digest": self.plaintext_digest,
-            "ciphertext_digest": self.ciphertext_digest,
-            "body_ref": self.body_ref,
-            "attachments": self.attachments,
-            "created_at": instant(self.created_at),
-            "promoted_at": instant(self.promoted_at),
-            "self_signed": self_signed,
-        }
+        return {**_as_payload(self), "self_signed": self_signed}
 
     def event(self, event_type: str, payload: dict) -> Event:
         return Event(
@@ -98,20 +88,7 @@ class Edge:
     ratified_at: dt.datetime = field(default_factory=_now)
 
     def payload(self) -> dict[str, Any]:
-        return {
-            "edge_id": self.edge_id,
-            "graph": self.graph,
-            "edge_label": self.edge_label,
-            "src_id": self.src_id,
-            "src_version": self.src_version,
-            "dst_id": self.dst_id,
-            "dst_version": self.dst_version,
-            "proposer": self.proposer,
-            "ratifier": self.ratifier,
-            "simulation_id": self.simulation_id,
-            "proposed_at": instant(self.proposed_at),
-            "ratified_at": instant(self.ratified_at),
-        }
+        return _as_payload(self)
 
 
 def _digest_payload(payload: dict) -> dict:
