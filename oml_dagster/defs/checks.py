@@ -120,15 +120,13 @@ def _evidence(read, context, postgres: PostgresResource, lake: LakeResource):
     name="erasure_slo_holds",
     partitions_def=tenant_partitions,
     additional_deps=[CURATED],
-    description=(
-        "Erasure evidence: no erased row keeps a body; no superseded or orphan data file of silver "
-        "or a curated table is older than the tenant's erasure bound + one maintenance cadence; "
-        "no erase is dead-lettered or waiting past that."
-    ),
 )
 def erasure_slo_holds(
     context: dg.AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
 ) -> dg.AssetCheckResult:
+    """Erasure evidence: no erased row keeps a body; no superseded or orphan data file of silver
+    or a curated table is older than the tenant's erasure bound + one maintenance cadence; no
+    erase is dead-lettered or waiting past that."""
     cadence, evidence = _evidence(erasure_evidence, context, postgres, lake)
     return dg.AssetCheckResult(
         passed=evidence.ok,
@@ -151,7 +149,7 @@ def erasure_slo_holds(
     group_name="reconciler",
     deps=[SILVER, CURATED],
     partitions_def=tenant_partitions,
-    kinds={"deltalake"},
+    kinds={"deltalake"},  # reads the Delta tables; writes nothing to the lake
     description=(
         "Erasure evidence per tenant: every erased claim version, its SLO deadline (drain lag + "
         "erasure bound + one maintenance cadence), and each file of each copy class (live, "

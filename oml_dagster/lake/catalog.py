@@ -766,7 +766,7 @@ def _check_path(node_id: str, parent_id: str | None, path: str, state: TenantSta
 
 def _check_upsert(op: Op, state: TenantState) -> None:
     node_id = op.args["workarea_id"]
-    area = state.areas.get((node_id,))
+    area = state.areas.get((node_id,))  # None for a new workarea
     if area is None:
         missing = [name for name in ("path", "status") if name not in op.args]
         if missing:
@@ -875,7 +875,7 @@ def _check_validate(op: Op, state: TenantState) -> None:
 def _apply_validate(op: Op, state: TenantState) -> None:
     workarea_id = op.args["workarea_id"]
     area = state.areas.get((workarea_id,))
-    if area is None or area["status"] == "validated":
+    if area is None or area["status"] == "validated":  # nothing to freeze, or frozen already
         return
     state.areas.put(dict(area, status="validated", updated_at=op.args["at"]), op.seq)
     if state.curated_for(workarea_id) is not None:

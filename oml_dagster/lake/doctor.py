@@ -69,7 +69,7 @@ class TenantHealth:
     def as_dict(self) -> dict[str, Any]:
         return {
             "tenant_id": self.tenant_id,
-            "healthy": self.healthy,
+            "healthy": self.healthy,  # no problems (below)
             "lag_ops": self.lag_ops,
             "lag_seconds": self.lag_seconds,
             "dead_letters": self.dead_letters,

@@ -42,11 +42,13 @@ from .tables import GOLD_CURATED, SILVER_CLAIMS
 
 @dataclass
 class TableEvidence:
+    """One table's part of the erasure check."""
+
     table: str
     erased_rows: int
-    erased_rows_with_body: int
+    erased_rows_with_body: int  # must be 0: the erase MERGE nulls the body
     live_files: int
-    unreferenced_files: int
+    unreferenced_files: int  # data files on storage the live version does not reference
     overdue_files: list[str] = field(default_factory=list)
     overdue_log_entries: list[str] = field(default_factory=list)
 
@@ -307,7 +309,7 @@ class Copy:
 
     def as_dict(self) -> dict:
         return {
-            "class": self.copy_class,
+            "class": self.copy_class,  # live, superseded, orphan, log or checkpoint
             "table": self.table,
             "path": self.path,
             "expires_at": _iso(self.expires_at),
@@ -344,7 +346,7 @@ class ErasedArtifact:
             "version": self.version,
             "status": self.status,
             "erased_at": _iso(self.erased_at),
-            "applied_at": _iso(self.applied_at),
+            "applied_at": _iso(self.applied_at),  # None until the erase is in the lake
             "deadline": _iso(self.deadline),
             "copies": [c.as_dict() for c in self.copies],
         }

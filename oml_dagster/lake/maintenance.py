@@ -329,7 +329,7 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
             "unchanged",
             "log files",
             files_before=len(listing.log),
-            files_after=len(listing.log),
+            files_after=len(listing.log),  # nothing written, nothing expired
             version_before=version,
             version_after=version,
             live_files=len(live_files(table)),

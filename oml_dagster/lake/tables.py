@@ -361,7 +361,7 @@ class TenantState:
     silver: KeyedWork
     lineage: KeyedWork
     areas: KeyedWork
-    curated: dict[str, KeyedWork]
+    curated: dict[str, KeyedWork]  # by workarea_id: the validated areas' curated tables
     # (artifact_id, version) -> ciphertext, read from oml.claim_bodies at drain time.
     bodies: dict[Key, bytes]
     # api_key_id -> owning tenant_id.
