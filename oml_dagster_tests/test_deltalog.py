@@ -161,3 +161,14 @@ def test_listing_separates_data_from_the_log_with_sizes_and_times(tmp_path):
     assert listing.data_mtime[data.name].timestamp() == old
     assert "_last_checkpoint" in listing.log
     assert listing.commits() == [0, 1, 2, 3]
+
+
+def test_a_log_entry_is_read_by_its_name_as_the_listing_gives_it(tmp_path):
+    uri, _ = _table_with_tombstones(tmp_path)
+    fs = Lake(str(tmp_path)).filesystem(uri)
+    listing = deltalog.list_files(fs)
+    assert deltalog.commit_name(3) in listing.log
+    assert deltalog.holds_commit(fs, 3) and not deltalog.holds_commit(fs, 4)
+    on_disk = Path(uri) / "_delta_log" / deltalog.commit_name(3)
+    assert deltalog.entry_bytes(fs, deltalog.commit_name(3)) == on_disk.read_bytes()
+    assert len(deltalog.entry_bytes(fs, deltalog.commit_name(3))) == listing.log[on_disk.name][0]

@@ -134,7 +134,24 @@ def list_files(fs: pafs.FileSystem) -> Listing:
 def holds_commit(fs: pafs.FileSystem, version: int) -> bool:
     """Whether the log still has the commit entry of `version` (a table deleted under a reader
     that kept its state has not)."""
-    return fs.get_file_info(f"{LOG_DIR}/{version:020d}.json").type != pafs.FileType.NotFound
+    return fs.get_file_info(entry_path(commit_name(version))).type != pafs.FileType.NotFound
+
+
+def commit_name(version: int) -> str:
+    """The name of the commit entry of `version` in `_delta_log`."""
+    return f"{version:020d}.json"
+
+
+def entry_path(name: str) -> str:
+    """The path of a log entry or checkpoint, relative to the table root."""
+    return f"{LOG_DIR}/{name}"
+
+
+def entry_bytes(fs: pafs.FileSystem, name: str) -> bytes:
+    """The raw bytes of a log entry or checkpoint part (the erasure evidence scans them for
+    ciphertext)."""
+    with fs.open_input_stream(entry_path(name)) as f:
+        return f.read()
 
 
 def log_names(fs: pafs.FileSystem) -> list[str]:
@@ -163,7 +180,7 @@ class CheckpointHint:
 
 def checkpoint_hint(fs: pafs.FileSystem) -> CheckpointHint | None:
     """`_last_checkpoint` as written, or None when there is none."""
-    path = f"{LOG_DIR}/{LAST_CHECKPOINT}"
+    path = entry_path(LAST_CHECKPOINT)
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     with fs.open_input_file(path) as f:
@@ -197,7 +214,7 @@ def tombstones(fs: pafs.FileSystem, names: Iterable[str]) -> dict[str, dt.dateti
         stamps[key] = max(stamps.get(key, 0), int(remove["deletionTimestamp"]))
 
     for name in names:
-        path = f"{LOG_DIR}/{name}"
+        path = entry_path(name)
         entry = parse_log_name(name)
         if name.startswith(f"{SIDECARS}/") and name.endswith(".parquet"):
             _parquet_removes(fs, path, note)

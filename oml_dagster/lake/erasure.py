@@ -484,14 +484,13 @@ def erased_artifacts(
         # No body statistics are written, so these should never match; the spec counts log
         # entries and checkpoints as ciphertext-bearing anyway, and a byte scan says so if one is.
         for entry, (_, mtime) in sorted(listing.log.items()):
-            with fs.open_input_stream(f"{deltalog.LOG_DIR}/{entry}") as f:
-                content = f.read()
+            content = deltalog.entry_bytes(fs, entry)
             for key, body in ciphertexts.items():
                 if body in content:
                     parsed = deltalog.parse_log_name(entry)
                     kind = CHECKPOINT if parsed and parsed.kind == deltalog.CHECKPOINT else LOG
                     expires = (mtime or now) + bound + 2 * cadence
                     by_key[key].copies.append(
-                        Copy(kind, name, f"{prefix}{deltalog.LOG_DIR}/{entry}", expires)
+                        Copy(kind, name, prefix + deltalog.entry_path(entry), expires)
                     )
     return evidence

@@ -39,7 +39,7 @@ from typing import Literal
 import psycopg
 from deltalake import DeltaTable, PostCommitHookProperties
 
-from .deltalog import Listing, list_files, live_files
+from .deltalog import Listing, commit_name, list_files, live_files
 from .errors import MaintenanceDamage
 from .policy import erasure_bound
 from .rewrites import maintenance_commit, rewrite_lock
@@ -319,7 +319,7 @@ def _checkpoint(t: _Table, bound_seconds: int, now: dt.datetime) -> MaintenanceR
         v
         for v in listing.commits()
         if (last if last is not None else -1) < v <= version
-        and (mtime := listing.log[f"{v:020d}.json"][1]) is not None
+        and (mtime := listing.log[commit_name(v)][1]) is not None
         and mtime <= cutoff
     ]
     due = behind >= CHECKPOINT_INTERVAL
@@ -422,7 +422,7 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
     after = t.listing()
     removed = sorted(set(before.log) - set(after.log))
     readable = after.checkpoints()
-    if f"{0:020d}.json" in after.log:
+    if commit_name(0) in after.log:
         readable = [0, *readable]
     return t.result(
         LOG_CLEANUP,
