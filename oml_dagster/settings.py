@@ -209,7 +209,8 @@ MEMORY_BUDGET_MIB: Setting[int] = _count_setting(
     0,
     "Resident memory (MiB) a drain aims to keep its process under: the batch cap starts at "
     "half of OML_MAX_BATCH, grows while batches peak well under it and shrinks after one that "
-    "went over (Linux; peaks can pass it by a batch's commit, bench/RESULTS.md); 0: no budget.",
+    "went over, never below a tenth of OML_MAX_BATCH (Linux; peaks can pass it by a batch's "
+    "commit, bench/RESULTS.md); 0: no budget.",
 )
 TXN_LAG_LIMIT: Setting[int | None] = _count_setting(
     "OML_TXN_LAG_LIMIT",

@@ -76,9 +76,25 @@ def _batch_sizes(conn, lake, governor: MemoryGovernor) -> tuple[list[int], str]:
 def test_a_spent_budget_drains_the_backlog_in_small_batches_losing_nothing(conn, lake):
     if not memory.reset_peak():
         pytest.skip("no /proc/self/clear_refs here")
-    # A budget below what the process already holds: every batch takes the governor's least.
+    # A budget below what the process already holds: the cap halves batch by batch from half
+    # the configured cap (40) down to the governor's floor, and stays there.
     sizes, _ = _batch_sizes(conn, lake, MemoryGovernor(1, sample_ops=5, least=7))
-    assert len(sizes) > 9 and max(sizes) == 7
+    assert sizes[:2] == [10, 7] and len(sizes) > 9 and set(sizes[1:-1]) == {7}
+
+
+def test_a_spent_budget_never_takes_batches_under_a_share_of_the_configured_cap():
+    if not memory.reset_peak():
+        pytest.skip("no /proc/self/clear_refs here")
+    governor = MemoryGovernor(1, sample_ops=1, least=2, floor_share=0.25)
+    caps = []
+    for _ in range(6):
+        caps.append(governor.cap(40))
+        governor.observed(caps[-1])  # each batch peaks over the budget of 1 MiB
+    assert caps == [10, 10, 10, 10, 10, 10]
+    # The floor follows the configured cap of the moment, and never exceeds it.
+    assert governor.cap(400) == 100 and governor.cap(3) == 3
+    default = MemoryGovernor(1)
+    assert [default.cap(50_000) for _ in range(4)] == [12_500, 6_250, 5_000, 5_000]
 
 
 def test_a_budget_with_room_starts_at_half_the_cap_and_grows_to_it(conn, lake):

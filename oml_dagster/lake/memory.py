@@ -88,16 +88,24 @@ class MemoryGovernor:
     The peak a batch reaches is measured, not predicted: the cap starts at half the configured
     one, grows while full batches stay well under the budget and shrinks after a batch that
     went over it (`next_cap`), so a long backlog drains in batches as large as the budget lets
-    the process hold, whatever the tables' own growth does to the baseline."""
+    the process hold, whatever the tables' own growth does to the baseline. It never shrinks
+    below a tenth of the configured cap (`floor_share`, at least `least` ops), so a budget the
+    process cannot keep does not shrink batches to where their fixed cost is all they cost."""
 
     budget_mib: float | None
     # A batch smaller than this tells too little about the memory a batch takes.
     sample_ops: int = 2_000
-    # The smallest cap the governor sets.
+    # The smallest cap the governor sets: `least` ops, or `floor_share` of the configured cap
+    # when that is more. Below it a batch's fixed cost outweighs the memory a smaller batch
+    # saves: a retract MERGE rewrites every file its rows touch, however few the rows, and its
+    # peak follows the table more than the batch (bench/RESULTS.md, 3 Dec: a budget under the
+    # process's working baseline took a 1M-op drain down to 1,000-op batches at ~70 ops/s).
     least: int = 1_000
+    floor_share: float = 0.1
     current: int | None = None
     _before: float | None = None
     _measuring: bool = False
+    _floor: int = 1_000
 
     def cap(self, most: int) -> int:
         """The cap for the next batch (at most `most`), and a fresh peak reading for it."""
@@ -107,10 +115,12 @@ class MemoryGovernor:
         self._before = resident_mib() if self._measuring else None
         if self._before is None:
             return most
+        self._floor = min(most, max(self.least, int(most * self.floor_share)))
         if self.current is None:
-            self.current = max(min(self.least, most), most // 2)
+            self.current = max(self._floor, most // 2)
         if self._before >= self.budget_mib:
-            self.current = self.least
+            # Already over before the batch: halve the cap, down to the floor.
+            self.current = max(self._floor, self.current // 2)
         self.current = min(self.current, most)
         return max(2, self.current)
 
@@ -124,5 +134,5 @@ class MemoryGovernor:
         peak = peak_mib()
         if peak is not None:
             self.current = next_cap(
-                self.current, ops, self._before, peak, self.budget_mib, self.least
+                self.current, ops, self._before, peak, self.budget_mib, self._floor
             )
