@@ -37,31 +37,35 @@ ARROW = {
 }
 
 
+HEADINGS = ("bronze.events", "silver.claims", "gold.lineage", "gold.areas", "gold.curated_<table>")
+
+
+def _rows_by_heading(text: str) -> dict[str, list[str]]:
+    """The raw column rows (tab-separated lines) under each table heading of `text`, the header
+    row left out; a table ends at the first other line that is not blank."""
+    rows: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line in HEADINGS:
+            current = line
+            rows[current] = []
+        elif current and line.count("\t") >= 3 and not line.startswith("Column\t"):
+            rows[current].append(line)
+        elif current and rows[current] and line.strip():
+            current = None
+    return rows
+
+
 def spec_columns() -> dict[str, list[tuple[str, str, str, bool]]]:
     """Per table heading: (column, Delta type, Arrow type, nullable) rows of the spec."""
-    tables: dict[str, list] = {}
-    current = None
-    for line in SPEC.read_text().splitlines():
-        if line in (
-            "bronze.events",
-            "silver.claims",
-            "gold.lineage",
-            "gold.areas",
-            "gold.curated_<table>",
-        ):
-            current = line
-            tables[current] = []
-        elif current and line.startswith("Column\t"):
-            continue
-        elif current and "\t" in line and len(line.split("\t")) >= 4:
-            name, delta, arrow, null = line.split("\t")[:4]
-            if null in ("yes", "no"):
-                tables[current].append((name, delta, arrow, null == "yes"))
-        elif current and tables[current] and not line.strip():
-            continue
-        elif current and tables[current]:
-            current = None
-    return tables
+    return {
+        heading: [
+            (name, delta, arrow, null == "yes")
+            for name, delta, arrow, null, *_ in (row.split("\t") for row in rows)
+            if null in ("yes", "no")
+        ]
+        for heading, rows in _rows_by_heading(SPEC.read_text()).items()
+    }
 
 
 def _expected_type(delta: str, arrow: str, column: str) -> pa.DataType:
@@ -122,25 +126,9 @@ def test_the_spec_parses_to_every_column():
     }
 
 
-def _rows_by_heading(text: str, headings) -> dict[str, list[str]]:
-    """The raw column rows (tab-separated lines) under each heading, header rows left out."""
-    rows: dict[str, list[str]] = {}
-    current = None
-    for line in text.splitlines():
-        if line in headings:
-            current = line
-            rows[current] = []
-        elif current and line.count("\t") >= 3 and not line.startswith("Column\t"):
-            rows[current].append(line)
-        elif current and rows[current]:
-            current = None
-    return rows
-
-
 def test_the_column_file_holds_the_spec_rows_verbatim():
-    headings = [c[0] for c in CASES]
     ours = (ROOT / "oml_dagster" / "lake" / "columns.tsv").read_text(encoding="utf-8")
-    assert _rows_by_heading(ours, headings) == _rows_by_heading(SPEC.read_text(), headings)
+    assert _rows_by_heading(ours) == _rows_by_heading(SPEC.read_text())
 
 
 def test_a_column_row_the_reader_cannot_type_is_refused_by_line_and_name():
@@ -149,6 +137,8 @@ def test_a_column_row_the_reader_cannot_type_is_refused_by_line_and_name():
         tables._read_columns(text)
     with pytest.raises(ValueError, match=r"line 2: cannot read column 'a'"):
         tables._read_columns("silver.claims\na\tSTRING\tutf8\tmaybe")
+    with pytest.raises(ValueError, match=r"line 2: cannot read column 'b'"):
+        tables._read_columns("silver.claims\nb\tSTRING")  # a row cut short
     parsed = tables._read_columns(text.replace("int32", "int64"))
     assert [(f.name, f.type, f.nullable, m) for f, m in parsed["silver.claims"]] == [
         ("artifact_id", pa.string(), False, "ok"),
@@ -165,7 +155,7 @@ def test_each_column_carries_the_spec_meaning():
 
 
 def spec_rows_with_meaning(heading: str) -> list[tuple[str, ...]]:
-    rows = _rows_by_heading(SPEC.read_text(), [heading])[heading]
+    rows = _rows_by_heading(SPEC.read_text())[heading]
     return [tuple((r.split("\t") + [""])[:5]) for r in rows]
 
 

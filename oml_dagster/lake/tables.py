@@ -65,11 +65,13 @@ def _read_columns(text: str) -> dict[str, list[tuple[pa.Field, str]]]:
             heading = line
             tables[heading] = []
             continue
-        name, delta, arrow, null, *meaning = line.split("\t")
+        cells = line.split("\t")
+        name, delta, arrow, null = (cells + ["", "", ""])[:4]
         type_ = _ARROW_OF.get((delta, arrow))
         if type_ is None or null not in ("yes", "no") or not heading:
             raise ValueError(f"columns.tsv line {number}: cannot read column {name!r}: {line!r}")
-        tables[heading].append((pa.field(name, type_, nullable=null == "yes"), "".join(meaning)))
+        field_ = pa.field(name, type_, nullable=null == "yes")
+        tables[heading].append((field_, "\t".join(cells[4:])))
     return tables
 
 
