@@ -739,7 +739,10 @@ def _parse(tenant_id: str, rows: list[tuple]) -> list[tuple[int, Op | RefusedOp]
         try:
             parsed.append((seq, catalog.parse(seq, journal_seq, tenant_id, name, payload, origin)))
         except RefusedOp as refused:
-            parsed.append((seq, refused))
+            # A fresh exception, never raised: the caught one's traceback holds this frame,
+            # whose `parsed` holds it back, a cycle that kept every op of the batch alive
+            # until the cyclic collector ran.
+            parsed.append((seq, RefusedOp(refused.reason)))
     return parsed
 
 
