@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -17,7 +16,7 @@ from .fetch import Batch, Fetcher
 from .memory import MemoryGovernor, release_memory
 from .sequencer import SequencerReport
 from .storage import Lake, OpenTables
-from .writer import BatchResult, WriterConfig, drain_tenant
+from .writer import BatchResult, ReadAhead, WriterConfig, drain_tenant
 
 # After a tenant batch of this many ops the drain hands the memory the batch freed back to the
 # system (`release_memory`): a full batch's Python objects and buffers are hundreds of MiB.
@@ -93,11 +92,12 @@ def drain(
     scope = frozenset(tenants).__contains__ if tenants else owns
     passes: list[DrainPass] = []
     # One fetcher (one ADBC connection) for every tenant: a connection per tenant would hold
-    # one Postgres connection per tenant of a shard for the whole run. Each tenant's next batch
-    # is read on the fetcher's thread while its current one commits; the main thread waits for
-    # that read before the connection fetches for another tenant.
+    # one Postgres connection per tenant of a shard for the whole run. While a batch commits,
+    # the fetcher's thread reads the batch the drain needs next: the tenant's own next one when
+    # its backlog goes on (until idle), else the first of the tenant the pass visits next, so
+    # Postgres builds that batch on the other core instead of the drain waiting for it.
     fetcher: Fetcher | None = None
-    following: dict[str, Future[Batch] | None] = {}
+    following: dict[str, Future[Batch]] = {}
     failed: set[str] = set()
     # The tenants' tables stay open from one pass to the next (brought up to date per batch).
     tables = OpenTables(lake)
@@ -108,17 +108,24 @@ def drain(
             pass_started = time.monotonic()
             cut = sequencer.sequence_for_batches(conn, config.max_batch)
             current = DrainPass(cut, scope=scope)
-            targets = tenants or [t for t, _, _ in sequencer.pending_tenants(conn)]
+            # Each pending tenant's frontier (the frontier cache's), where its next batch starts.
+            pending = {t: at for t, _, at in sequencer.pending_tenants(conn, tenants)}
+            targets = tenants or list(pending)
             if owns is not None and not tenants:
                 targets = [t for t in targets if owns(t)]
             if skip is not None and targets:
                 busy = skip()
                 targets = [t for t in targets if t not in busy]
             targets = [t for t in targets if t not in failed]
-            for tenant_id in targets:
+            # A batch read ahead for a tenant this pass leaves alone is not kept for later.
+            following = {t: f for t, f in following.items() if t in targets}
+            for k, tenant_id in enumerate(targets):
                 fetcher = fetcher or Fetcher(conn)
-                futures.wait([f for f in following.values() if f is not None])
                 cap = governor.cap(config.max_batch)
+                visited_next = targets[k + 1] if k + 1 < len(targets) else None
+                then = None
+                if visited_next in pending and visited_next not in following:
+                    then = (visited_next, pending[visited_next])
                 try:
                     result = drain_tenant(
                         conn,
@@ -128,6 +135,7 @@ def drain(
                         fetcher=fetcher,
                         prefetched=following.pop(tenant_id, None),
                         tables=tables,
+                        read_ahead=ReadAhead(own=until_idle, then=then),
                     )
                 except Exception as error:
                     if on_error is None:
@@ -135,7 +143,8 @@ def drain(
                     failed.add(tenant_id)
                     on_error(tenant_id, error)
                     continue
-                following[tenant_id] = result.next_batch if until_idle else None
+                if result.next_batch is not None:
+                    following[result.next_tenant] = result.next_batch
                 # The pass keeps the result, not the batch read ahead: the passes would
                 # otherwise pin every batch of the backlog until the drain ends.
                 result.next_batch = None

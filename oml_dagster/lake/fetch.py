@@ -13,6 +13,7 @@ whole query. The statement's rows keep the index's seq order from scan to output
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -54,26 +55,29 @@ def _conninfo(conn: psycopg.Connection) -> str:
 
 
 class Fetcher:
-    """Fetches batches over its own ADBC connection (opened on first use, kept until close)."""
+    """Fetches batches over its own ADBC connection (opened on first use, kept until close).
+    One fetch at a time: a fetch waits for the one under way (on the worker thread) to end."""
 
     def __init__(self, conn: psycopg.Connection):
         self._conninfo = _conninfo(conn)
         self._adbc = None
         self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def fetch(self, tenant_id: str, after: int, max_ops: int, max_bytes: int) -> Batch:
         import adbc_driver_postgresql.dbapi as adbc
 
-        if self._adbc is None:
-            self._adbc = adbc.connect(self._conninfo, autocommit=True)
+        with self._lock:
+            if self._adbc is None:
+                self._adbc = adbc.connect(self._conninfo, autocommit=True)
+                with self._adbc.cursor() as cur:
+                    cur.execute(FETCH_WORK_MEM)
             with self._adbc.cursor() as cur:
-                cur.execute(FETCH_WORK_MEM)
-        with self._adbc.cursor() as cur:
-            cur.execute(BATCH_SQL, parameters=(tenant_id, after, max_ops, max_bytes))
-            return Batch(after, cur.fetch_arrow_table(), max_ops)
+                cur.execute(BATCH_SQL, parameters=(tenant_id, after, max_ops, max_bytes))
+                return Batch(after, cur.fetch_arrow_table(), max_ops)
 
     def fetch_async(self, tenant_id: str, after: int, max_ops: int, max_bytes: int):
-        """`fetch` on a worker thread; the fetcher is not to be used until it is done."""
+        """`fetch` on the fetcher's worker thread."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="oml-fetch")
         return self._pool.submit(self.fetch, tenant_id, after, max_ops, max_bytes)

@@ -151,8 +151,10 @@ class BatchResult:
     tables: list[TableOutcome] = field(default_factory=list)
     # Ops the catalog folded one by one (the rest went to bronze as columns).
     ops_folded: int = 0
-    # The next batch, fetched while this one folded and committed (None: the outbox's tail).
+    # The batch read ahead while this one folded and committed (ReadAhead), and whose it is:
+    # this tenant's next one, or the next tenant's of a drain pass (None: nothing read ahead).
     next_batch: Future[Batch] | None = None
+    next_tenant: str | None = None
 
     @property
     def committed(self) -> bool:
@@ -160,6 +162,17 @@ class BatchResult:
 
     def outcome(self, table: str) -> TableOutcome | None:
         return next((t for t in self.tables if t.table == table), None)
+
+
+@dataclass(frozen=True)
+class ReadAhead:
+    """The batch a drain reads while the current one commits: the tenant's own next batch when
+    `own` and the outbox holds more, else `then`, (tenant_id, after): the first batch of the
+    tenant a drain pass visits next (its drained frontier as the drain last saw it; a batch
+    read from the wrong place is read again, so a stale guess costs a fetch, never a verdict)."""
+
+    own: bool
+    then: tuple[str, int] | None = None
 
 
 @dataclass
@@ -542,23 +555,32 @@ def drain_tenant(
     fetcher: Fetcher | None = None,
     prefetched: Future[Batch] | None = None,
     tables: OpenTables | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> BatchResult:
     """Fold and commit the tenant's next batch. `fetcher` reads batches (one is opened and
-    closed here when none is given; a fetcher given also fetches the following batch while this
-    one commits, returned as `next_batch`); `prefetched` is such a batch, used when it starts
-    where this batch starts. `tables` keeps the tenant's tables open for its next batch (a
-    drain's batches share one); a batch that fails drops them. `before_commit(table_name)` is
-    a test hook."""
+    closed here when none is given); with a fetcher given, the batch `read_ahead` names is
+    fetched on the fetcher's thread while this one commits, returned as `next_batch` (by
+    default the tenant's own next one); `prefetched` is such a batch, used when it starts where
+    this batch starts and has its cap. `tables` keeps the tenant's tables open for its next
+    batch (a drain's batches share one); a batch that fails drops them.
+    `before_commit(table_name)` is a test hook."""
     config = config or WriterConfig()
     tables = tables or OpenTables(lake)
     try:
         if fetcher is None:
             with Fetcher(conn) as own:
                 return _drain_batch(
-                    conn, tables, tenant_id, config, before_commit, own, None, False
+                    conn, tables, tenant_id, config, before_commit, own, None, ReadAhead(False)
                 )
         return _drain_batch(
-            conn, tables, tenant_id, config, before_commit, fetcher, prefetched, True
+            conn,
+            tables,
+            tenant_id,
+            config,
+            before_commit,
+            fetcher,
+            prefetched,
+            read_ahead or ReadAhead(True),
         )
     except BaseException:
         tables.forget(lake.tenant_uri(tenant_id))
@@ -573,7 +595,7 @@ def _drain_batch(
     before_commit: Callable[[str], None] | None,
     fetcher: Fetcher,
     prefetched: Future[Batch] | None,
-    pipelined: bool,
+    read_ahead: ReadAhead,
 ) -> BatchResult:
     lake = tables.lake
     handles, area_rows = _open_tables(tables, tenant_id)
@@ -589,17 +611,20 @@ def _drain_batch(
     # A batch read ahead under another cap (the memory budget moved it) is read again.
     if batch is None or batch.after != base or batch.max_ops != config.max_batch:
         batch = fetcher.fetch(tenant_id, base, config.max_batch, config.max_batch_bytes)
+    seqs = batch.seqs
+    batch_end = seqs[-1] if seqs else base
+    result = BatchResult(tenant_id, base, batch_end, ops=len(seqs))
+    if read_ahead.own and batch.more:
+        result.next_tenant, after = tenant_id, batch_end
+    elif read_ahead.then is not None:
+        result.next_tenant, after = read_ahead.then
+    if result.next_tenant is not None:
+        result.next_batch = fetcher.fetch_async(
+            result.next_tenant, after, config.max_batch, config.max_batch_bytes
+        )
     if not len(batch):
-        result = BatchResult(tenant_id, base, base)
         _update_frontier(conn, tenant_id, handles, base)
         return result
-    seqs = batch.seqs
-    batch_end = seqs[-1]
-    result = BatchResult(tenant_id, base, batch_end, ops=len(seqs))
-    if pipelined and batch.more:
-        result.next_batch = fetcher.fetch_async(
-            tenant_id, batch_end, config.max_batch, config.max_batch_bytes
-        )
     recorded = deadletter.refused_seqs(conn, tenant_id, base, min(decided, batch_end))
 
     # The catalog folds every op but the events the columnar checks clear.
