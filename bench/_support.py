@@ -37,6 +37,27 @@ def fresh_database(prefix: str = "oml_bench") -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+class Snapshot:
+    """The database at `dsn` as it is now, kept as a template, so that every run of a
+    benchmark starts from the same state (`restore`), the sequencer's work included: a run
+    after another would otherwise find the backlog already sequenced."""
+
+    def __init__(self, dsn: str):
+        self.name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+        self.template = f"{self.name}_template"
+        with psycopg.connect(ADMIN, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{self.template}" TEMPLATE "{self.name}"')
+
+    def restore(self) -> None:
+        with psycopg.connect(ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{self.name}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{self.name}" TEMPLATE "{self.template}"')
+
+    def drop(self) -> None:
+        with psycopg.connect(ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+
+
 def machine() -> str:
     """CPU count and model, memory, Python, PostgreSQL, load average: the context of a figure."""
     cpu = platform.processor() or platform.machine()

@@ -8,8 +8,9 @@ of the drain process, and its RSS sampled over time.
     .venv/bin/python bench/drain_bench.py --tenants 10 --claims 2000 --max-batch 1000 5000 50000 \\
         --plot bench/plots/rate_vs_batch.png
 
-`--baseline-max-batch N` adds the same drain with the per-op writer's default batch (5,000) for
-a same-run comparison when the cap differs.
+`--baseline-source DIR [DIR ...]` drains the same workload again with the code of each checkout
+(`git archive <commit> | tar -x -C DIR`) for a same-run comparison. Every drain starts from the
+database as the workload left it (a template copy): nothing sequenced, no verdicts.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from oml_dagster.simulate.runner import RunConfig, run
 from oml_dagster.simulate.workload import WorkloadConfig
 
 try:
-    from bench._support import fresh_database, machine
+    from bench._support import Snapshot, fresh_database, machine
 except ImportError:  # run as a script
-    from _support import fresh_database, machine
+    from _support import Snapshot, fresh_database, machine
 
 
 def _rss_mib(pid: int) -> float:
@@ -45,12 +46,12 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def drain_once(dsn: str, max_batch: int, source: str | None = None) -> dict:
-    """Drain everything into a fresh lake in a child process; verdicts are reset first. With
-    `source` (a checkout of an earlier commit) the child runs that code: a baseline from the
-    same run, on the same workload."""
+def drain_once(snapshot: Snapshot, dsn: str, max_batch: int, source: str | None = None) -> dict:
+    """Drain everything into a fresh lake in a child process, from the database as the workload
+    left it (nothing sequenced, no verdicts). With `source` (a checkout of an earlier commit)
+    the child runs that code: a baseline from the same run, on the same workload."""
+    snapshot.restore()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE oml.lake_dead_letter, oml.lake_verdicts, oml.lake_frontier")
         ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": os.path.join(tmp, "oml-lake")}
@@ -103,7 +104,9 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument(
         "--baseline-source",
-        help="a checkout of an earlier commit: each drain runs again with its code (baseline)",
+        nargs="+",
+        default=[],
+        help="checkouts of earlier commits: each drain runs again with each one's code (baseline)",
     )
     args = parser.parse_args()
 
@@ -112,11 +115,15 @@ def main() -> None:
         workload = WorkloadConfig(args.tenants, args.claims, args.seed, args.bad_ratio)
         run(dsn, workload, RunConfig(writers=2))
         written = time.perf_counter() - started
+        snapshot = Snapshot(dsn)
         results = []
-        for cap in args.max_batch:
-            results.append(drain_once(dsn, cap))
-            if args.baseline_source:
-                results.append(drain_once(dsn, cap, args.baseline_source))
+        try:
+            for cap in args.max_batch:
+                results.append(drain_once(snapshot, dsn, cap))
+                for source in args.baseline_source:
+                    results.append(drain_once(snapshot, dsn, cap, source))
+        finally:
+            snapshot.drop()
 
     print(machine())
     print(
