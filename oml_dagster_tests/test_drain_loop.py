@@ -154,6 +154,26 @@ def test_a_pass_reads_the_next_tenant_s_batch_while_the_current_one_commits(
     assert sequencer.pending_tenants(conn) == []
 
 
+def test_a_full_batch_reads_ahead_the_next_tenant_of_the_pass_before_its_own_next(
+    conn, lake, monkeypatch
+):
+    """The batch the drain needs next is the next tenant's of the pass: a tenant whose batch
+    is full reads its own next one ahead only when it is the pass's last tenant."""
+    works = sorted((seed_tenant(conn, bad=False) for _ in range(2)), key=lambda w: w.tenant_id)
+    fetched = _recorded_fetches(monkeypatch)
+
+    first = drain(conn, lake, until_idle=True, config=SMALL)[0].batches
+
+    assert [b.ops for b in first] == [SMALL.max_batch] * 2  # both full: more to come
+    (a, b) = (w.tenant_id for w in works)
+    assert [(t, after, thread.startswith("oml-fetch")) for t, after, thread in fetched[:3]] == [
+        (a, 0, False),
+        (b, 0, True),  # the next tenant, while a's batch commits
+        (b, first[1].batch_end, True),  # the pass's last tenant: its own next batch
+    ]
+    assert sequencer.pending_tenants(conn) == []
+
+
 def test_a_batch_read_ahead_from_a_stale_frontier_is_read_again(conn, lake, monkeypatch):
     """The next tenant's batch is read from where the frontier cache says it stands; where the
     cache is behind the tenant's tables, that batch is not used: the batch is read again from

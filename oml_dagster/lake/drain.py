@@ -93,8 +93,8 @@ def drain(
     passes: list[DrainPass] = []
     # One fetcher (one ADBC connection) for every tenant: a connection per tenant would hold
     # one Postgres connection per tenant of a shard for the whole run. While a batch commits,
-    # the fetcher's thread reads the batch the drain needs next: the tenant's own next one when
-    # its backlog goes on (until idle), else the first of the tenant the pass visits next, so
+    # the fetcher's thread reads the batch the drain needs next: the first of the tenant the
+    # pass visits next, or after the pass's last tenant its own next one (until idle), so
     # Postgres builds that batch on the other core instead of the drain waiting for it.
     fetcher: Fetcher | None = None
     following: dict[str, Future[Batch]] = {}

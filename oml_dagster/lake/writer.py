@@ -166,10 +166,11 @@ class BatchResult:
 
 @dataclass(frozen=True)
 class ReadAhead:
-    """The batch a drain reads while the current one commits: the tenant's own next batch when
-    `own` and the outbox holds more, else `then`, (tenant_id, after): the first batch of the
-    tenant a drain pass visits next (its drained frontier as the drain last saw it; a batch
-    read from the wrong place is read again, so a stale guess costs a fetch, never a verdict)."""
+    """The batch a drain reads while the current one commits: `then`, (tenant_id, after), the
+    first batch of the tenant the drain pass visits next (from its frontier as the drain last
+    saw it; a batch read from the wrong place is read again, so a stale guess costs a fetch,
+    never a verdict); with no tenant after this one in the pass, the tenant's own next batch
+    when `own` and the outbox holds more."""
 
     own: bool
     then: tuple[str, int] | None = None
@@ -614,10 +615,10 @@ def _drain_batch(
     seqs = batch.seqs
     batch_end = seqs[-1] if seqs else base
     result = BatchResult(tenant_id, base, batch_end, ops=len(seqs))
-    if read_ahead.own and batch.more:
-        result.next_tenant, after = tenant_id, batch_end
-    elif read_ahead.then is not None:
+    if read_ahead.then is not None:
         result.next_tenant, after = read_ahead.then
+    elif read_ahead.own and batch.more:
+        result.next_tenant, after = tenant_id, batch_end
     if result.next_tenant is not None:
         result.next_batch = fetcher.fetch_async(
             result.next_tenant, after, config.max_batch, config.max_batch_bytes
