@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from oml_dagster.lake import sequencer
+from oml_dagster.lake import queries, sequencer
 from oml_dagster.simulate import producer
 from oml_dagster.simulate.producer import Act, Event, commit_acts
 
@@ -279,3 +279,37 @@ def test_a_drain_pass_cuts_until_each_tenant_has_a_full_batch(conn):
     # Nothing deferred: one cut is enough.
     rest = sequencer.sequence_for_batches(conn, max_batch=1000, limit=1000)
     assert rest.sequenced == pending - report.sequenced and rest.deferred_rows == 0
+
+
+def test_a_pass_counts_the_backlog_once_and_what_it_leaves_once(conn, monkeypatch):
+    """Both counts read every unsequenced row: a pass of many cuts counts each tenant's pending
+    rows before its first cut and the rows left waiting after its last, not at every cut; rows
+    committed between its cuts wait for the next pass."""
+    tenants = [producer.create_tenant(conn) for _ in range(3)]
+    for keys in tenants:
+        for _ in range(6):
+            _act(conn, keys)
+    statements: list[str] = []
+    execute = conn.execute
+
+    def recorded(query, *args, **kwargs):
+        statements.append(query)
+        if query == queries.SEQUENCE_ASSIGN and statements.count(query) == 2:
+            with psycopg.connect(conn.info.dsn, autocommit=True) as other:
+                _act(other, tenants[0])  # committed between two cuts of the pass
+        return execute(query, *args, **kwargs)
+
+    monkeypatch.setattr(conn, "execute", recorded)
+    report = sequencer.sequence_for_batches(conn, max_batch=8, limit=5)
+    monkeypatch.undo()
+
+    assert statements.count(queries.SEQUENCE_ASSIGN) >= 5  # 3 x 8 rows, 5 a cut
+    assert statements.count(queries.SEQUENCE_PENDING) == 1
+    assert statements.count(queries.UNSEQUENCED_BY_TENANT) == 1
+    _assert_cut_invariants(conn)
+    unsequenced = conn.execute("SELECT count(*) FROM oml.outbox WHERE seq IS NULL").fetchone()[0]
+    assert report.deferred_rows == unsequenced  # the late act's rows among them
+    assert (
+        report.sequenced
+        == conn.execute("SELECT count(*) FROM oml.outbox WHERE seq IS NOT NULL").fetchone()[0]
+    )

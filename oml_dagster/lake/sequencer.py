@@ -84,41 +84,58 @@ class SequencerReport:
 
 def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
     """Run one cut; commits its own transaction."""
-    report = SequencerReport()
     with conn.transaction():
-        conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
-        # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
-        start = conn.execute(queries.MAX_SEQ).fetchone()[0]
-        shares = quotas(dict(conn.execute(queries.SEQUENCE_PENDING).fetchall()), limit)
-        params = {
-            "tenants": list(shares),
-            "quotas": list(shares.values()),
-            "limit": limit,
-            "start": start,
-        }
-        assigned = conn.execute(queries.SEQUENCE_ASSIGN, params).fetchall() if shares else []
-        for tenant_id, journal_seq, seq in assigned:
-            cut = report.tenants.setdefault(tenant_id, TenantCut(tenant_id))
-            cut.sequenced += 1
-            cut.first_seq = seq if cut.first_seq is None else min(cut.first_seq, seq)
-            cut.last_seq = seq if cut.last_seq is None else max(cut.last_seq, seq)
-            cut.last_journal_seq = max(cut.last_journal_seq or 0, journal_seq)
-        for cut in report.tenants.values():
-            conn.execute(
-                queries.SEQUENCER_TENANT_UPSERT,
-                (cut.tenant_id, cut.last_journal_seq, cut.last_seq),
-            )
-        now = conn.execute(queries.CLOCK).fetchone()[0]
-        for tenant_id, count, min_journal, oldest, last_journal in conn.execute(
-            queries.UNSEQUENCED_BY_TENANT
-        ):
-            if last_journal is not None and min_journal > last_journal + 1:
-                report.gaps.append(
-                    Gap(tenant_id, count, last_journal + 1, oldest, (now - oldest).total_seconds())
-                )
-            else:
-                report.deferred_rows += count
+        report, _ = _cut(conn, limit, None)
+        _count_waiting(conn, report)
     return report
+
+
+def _cut(
+    conn: psycopg.Connection, limit: int, pending: dict[str, int] | None
+) -> tuple[SequencerReport, dict[str, int]]:
+    """One cut, in the caller's transaction, sharing `limit` by `pending` (each tenant's
+    unsequenced rows, counted here when None). Returns the cut (rows left waiting not counted)
+    and the pending rows it shared."""
+    report = SequencerReport()
+    conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
+    # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
+    start = conn.execute(queries.MAX_SEQ).fetchone()[0]
+    if pending is None:
+        pending = dict(conn.execute(queries.SEQUENCE_PENDING).fetchall())
+    shares = quotas(pending, limit)
+    params = {
+        "tenants": list(shares),
+        "quotas": list(shares.values()),
+        "limit": limit,
+        "start": start,
+    }
+    assigned = conn.execute(queries.SEQUENCE_ASSIGN, params).fetchall() if shares else []
+    for tenant_id, journal_seq, seq in assigned:
+        cut = report.tenants.setdefault(tenant_id, TenantCut(tenant_id))
+        cut.sequenced += 1
+        cut.first_seq = seq if cut.first_seq is None else min(cut.first_seq, seq)
+        cut.last_seq = seq if cut.last_seq is None else max(cut.last_seq, seq)
+        cut.last_journal_seq = max(cut.last_journal_seq or 0, journal_seq)
+    for cut in report.tenants.values():
+        conn.execute(
+            queries.SEQUENCER_TENANT_UPSERT,
+            (cut.tenant_id, cut.last_journal_seq, cut.last_seq),
+        )
+    return report, pending
+
+
+def _count_waiting(conn: psycopg.Connection, report: SequencerReport) -> None:
+    """The rows still unsequenced, into `report`: behind a gap, or deferred to a later cut."""
+    now = conn.execute(queries.CLOCK).fetchone()[0]
+    for tenant_id, count, min_journal, oldest, last_journal in conn.execute(
+        queries.UNSEQUENCED_BY_TENANT
+    ):
+        if last_journal is not None and min_journal > last_journal + 1:
+            report.gaps.append(
+                Gap(tenant_id, count, last_journal + 1, oldest, (now - oldest).total_seconds())
+            )
+        else:
+            report.deferred_rows += count
 
 
 # A drain pass cuts again while rows were left for later and its cuts hold less than a full
@@ -130,18 +147,35 @@ MOST_CUTS_PER_PASS = 10
 def sequence_for_batches(
     conn: psycopg.Connection, max_batch: int, limit: int = 100_000
 ) -> SequencerReport:
-    """Cuts until nothing is deferred, the cuts hold `max_batch` rows for each tenant they cut,
-    or MOST_CUTS_PER_PASS cuts are done; one report for all of them. Each cut is one `sequence`
-    (its own transaction), so a pass over a long backlog drains full batches rather than one
-    slice of each tenant per cut."""
-    report = sequence(conn, limit)
-    for _ in range(MOST_CUTS_PER_PASS - 1):
-        if not report.deferred_rows or report.sequenced >= max_batch * len(report.tenants):
+    """Cuts until nothing is left to cut, the cuts hold `max_batch` rows for each tenant they
+    cut, or MOST_CUTS_PER_PASS cuts are done; one report for all of them. Each cut is its own
+    transaction, so a pass over a long backlog drains full batches rather than one slice of
+    each tenant per cut. Only the first cut counts each tenant's unsequenced rows, and only the
+    last counts the rows it leaves waiting: both aggregates read every unsequenced row, which
+    over a backlog of a million rows cost more than the cut itself (bench/RESULTS.md, 3 Dec).
+    A later cut shares its limit by the first count less what the cuts took; rows arriving
+    meanwhile wait for the next pass's cut."""
+    report = SequencerReport()
+    pending: dict[str, int] | None = None
+    for n in range(MOST_CUTS_PER_PASS):
+        with conn.transaction():
+            cut, pending = _cut(conn, limit, pending)
+            report = report.then(cut)
+            pending = {
+                t: left
+                for t, count in pending.items()
+                if (left := count - (cut.tenants[t].sequenced if t in cut.tenants else 0)) > 0
+            }
+            done = (
+                n + 1 == MOST_CUTS_PER_PASS
+                or not cut.sequenced
+                or not pending
+                or report.sequenced >= max_batch * len(report.tenants)
+            )
+            if done:
+                _count_waiting(conn, report)
+        if done:
             break
-        more = sequence(conn, limit)
-        if not more.sequenced:
-            break
-        report = report.then(more)
     return report
 
 
