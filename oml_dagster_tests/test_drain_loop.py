@@ -11,20 +11,14 @@ import weakref
 import pyarrow as pa
 import pytest
 
-from oml_dagster.lake import queries, sequencer
-from oml_dagster.lake import reconcile as rc
+from oml_dagster.lake import sequencer
 from oml_dagster.lake.catalog import Op
 from oml_dagster.lake.drain import DrainPass, drain
 from oml_dagster.lake.errors import RefusedOp
 from oml_dagster.lake.fetch import Fetcher
 from oml_dagster.lake.memory import release_memory
-from oml_dagster.lake.reconcile import reconcile
-from oml_dagster.lake.sequencer import SequencerReport
-from oml_dagster.lake.tables import SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.simulate import acts, producer
-from oml_dagster.simulate.runner import RunConfig, run
-from oml_dagster.simulate.workload import WorkloadConfig
 
 from .dagster_support import more_acts, seed_tenant
 from .helpers import dead_letters
@@ -205,48 +199,6 @@ def test_a_batch_read_ahead_from_a_stale_frontier_is_read_again(conn, lake, monk
     ]
     assert dead_letters(conn) == {}
     assert sequencer.pending_tenants(conn) == []
-
-
-def test_a_backlog_drain_cuts_the_next_pass_while_this_one_drains(conn, dsn, lake, monkeypatch):
-    """A drain of every tenant's backlog longer than a cut: each cut gives out whole batches,
-    the next pass's cut is made on a connection of its own while a pass's batches commit, and
-    the lake is what the outbox says (every reconciler check; only the injected bad ops are
-    dead letters)."""
-    run(dsn, WorkloadConfig(tenants=3, claims=30, seed=3, bad_ratio=0.05), RunConfig())
-    config = WriterConfig(max_batch=40, txn_lag_limit=20)
-    monkeypatch.setattr(sequencer, "CUT_LIMIT", 2 * config.max_batch)
-    backlogs = dict(conn.execute(queries.SEQUENCE_PENDING).fetchall())
-    assert len(backlogs) == 3 and min(backlogs.values()) > config.max_batch
-    cuts: list[tuple[str, SequencerReport]] = []
-    sequence_for_batches = sequencer.sequence_for_batches
-
-    def recorded(*args, **kwargs):
-        report = sequence_for_batches(*args, **kwargs)
-        cuts.append((threading.current_thread().name, report))
-        return report
-
-    monkeypatch.setattr(sequencer, "sequence_for_batches", recorded)
-
-    drain(conn, lake, until_idle=True, config=config)
-
-    # The first cut gave two of the three tenants a full batch each (fair shares would have
-    # given all three a third of the cut); the next ones were cut while passes drained.
-    thread, first = cuts[0]
-    assert thread == "MainThread"
-    assert sorted(c.sequenced for c in first.tenants.values()) == [config.max_batch] * 2
-    assert sum(r.sequenced for thread, r in cuts if thread.startswith("oml-cut")) > 0
-    assert conn.execute("SELECT count(*) FROM oml.outbox WHERE seq IS NULL").fetchone()[0] == 0
-    assert sequencer.pending_tenants(conn) == []
-    tenants = [t for (t,) in conn.execute("SELECT DISTINCT tenant_id::text FROM oml.outbox")]
-    for tenant_id in tenants:
-        result = reconcile(conn, lake, tenant_id)
-        assert {(r.table, r.name) for r in result.failed()} <= {
-            (SILVER_CLAIMS.name, rc.DEAD_LETTERS)
-        }, [r.samples() for r in result.failed()]
-    injected = conn.execute(
-        "SELECT count(*) FROM oml.outbox WHERE payload ? 'sim_fault'"
-    ).fetchone()[0]
-    assert 0 < len(dead_letters(conn)) == injected
 
 
 def test_a_batch_s_ops_are_freed_without_the_cyclic_collector(conn, lake):

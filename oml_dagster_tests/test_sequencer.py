@@ -236,24 +236,6 @@ def test_quotas_share_a_cut_fairly_and_fill_it(pending, limit):
         assert sum(shares.values()) == limit
 
 
-@given(
-    st.dictionaries(st.uuids().map(str), st.integers(1, 10_000), max_size=40),
-    st.integers(1, 50_000),
-    st.integers(1, 20_000),
-)
-def test_quotas_in_whole_batches_fill_the_cut_a_batch_at_a_time(pending, limit, whole):
-    shares = sequencer.quotas(pending, limit, whole)
-    assert set(shares) <= set(pending)
-    assert all(0 < shares[t] <= min(pending[t], whole) for t in shares)
-    assert sum(shares.values()) == min(limit, sum(min(n, whole) for n in pending.values()))
-    # Whole batches (or whole backlogs) to the fewest first; only the last share is cut short.
-    order = sorted(pending, key=lambda t: (pending[t], t))
-    served = [t for t in order if t in shares]
-    assert served == order[: len(served)]
-    short = [t for t in served if shares[t] < min(pending[t], whole)]
-    assert short in ([], served[-1:])
-
-
 def test_a_cut_takes_a_fair_share_of_each_backlog_in_order(conn):
     """With one tenant far behind, a small limit still cuts every tenant's run in journal order:
     the small backlog whole, the large one up to the rest of the limit."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import psycopg
 
 from . import sequencer
-from .fetch import Batch, Fetcher, conninfo
+from .fetch import Batch, Fetcher
 from .memory import MemoryGovernor, release_memory
 from .sequencer import SequencerReport
 from .storage import Lake, OpenTables
@@ -21,42 +21,6 @@ from .writer import BatchResult, ReadAhead, WriterConfig, drain_tenant
 # After a tenant batch of this many ops the drain hands the memory the batch freed back to the
 # system (`release_memory`): a full batch's Python objects and buffers are hundreds of MiB.
 RELEASE_AFTER_OPS = 10_000
-
-
-class _CutAhead:
-    """The next pass's cut, made on a connection of its own while this pass's batches commit:
-    over a long backlog a cut is Postgres's work (an UPDATE of up to CUT_LIMIT rows, ~1.5 s),
-    done on the other core instead of between passes (ADR 0039)."""
-
-    def __init__(self, conn: psycopg.Connection):
-        self._conninfo = conninfo(conn)
-        self._conn: psycopg.Connection | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._cut: Future[SequencerReport] | None = None
-
-    def start(self, batch: int) -> None:
-        """Cut whole batches of `batch` rows."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="oml-cut")
-        self._cut = self._pool.submit(self._sequence, batch)
-
-    def _sequence(self, batch: int) -> SequencerReport:
-        if self._conn is None:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True)
-        return sequencer.sequence_for_batches(self._conn, batch, whole_batches=True)
-
-    def take(self) -> SequencerReport | None:
-        """The cut started last, once it is done; None when none was started."""
-        cut, self._cut = self._cut, None
-        return cut.result() if cut is not None else None
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 @dataclass
@@ -139,20 +103,10 @@ def drain(
     tables = OpenTables(lake)
     # Batches as large as the memory budget allows (ADR 0034), up to the configured cap.
     governor = governor or MemoryGovernor(config.memory_budget_mib or None)
-    # A backlog drain of every tenant (not a scoped or standing run: ADR 0039) cuts whole
-    # batches of the size the governor will let them have, and while a pass drains what its cut
-    # gave out, the next pass's cut is made.
-    backlog = until_idle and poll_seconds is None and scope is None
-    cut_ahead = _CutAhead(conn) if backlog else None
     try:
         for _ in range(max_passes):
             pass_started = time.monotonic()
-            cut = cut_ahead.take() if cut_ahead is not None else None
-            if cut is None and backlog:
-                batch = governor.planned(config.max_batch)
-                cut = sequencer.sequence_for_batches(conn, batch, whole_batches=True)
-            elif cut is None:
-                cut = sequencer.sequence_for_batches(conn, config.max_batch)
+            cut = sequencer.sequence_for_batches(conn, config.max_batch)
             current = DrainPass(cut, scope=scope)
             # Each pending tenant's frontier (the frontier cache's), where its next batch starts.
             pending = {t: at for t, _, at in sequencer.pending_tenants(conn, tenants)}
@@ -165,8 +119,6 @@ def drain(
             targets = [t for t in targets if t not in failed]
             # A batch read ahead for a tenant this pass leaves alone is not kept for later.
             following = {t: f for t, f in following.items() if t in targets}
-            if cut_ahead is not None and cut.deferred_rows:
-                cut_ahead.start(governor.planned(config.max_batch))
             for k, tenant_id in enumerate(targets):
                 fetcher = fetcher or Fetcher(conn)
                 cap = governor.cap(config.max_batch)
@@ -220,8 +172,6 @@ def drain(
                 if rest > 0:
                     time.sleep(rest)
     finally:
-        if cut_ahead is not None:
-            cut_ahead.close()
         if fetcher is not None:
             fetcher.close()
     return passes

@@ -46,7 +46,7 @@ class Batch:
         return self.columns.num_rows
 
 
-def conninfo(conn: psycopg.Connection) -> str:
+def _conninfo(conn: psycopg.Connection) -> str:
     """The connection string of `conn` for a second connection, password included."""
     params = conn.info.get_parameters()
     if conn.info.password:
@@ -59,7 +59,7 @@ class Fetcher:
     One fetch at a time: a fetch waits for the one under way (on the worker thread) to end."""
 
     def __init__(self, conn: psycopg.Connection):
-        self._conninfo = conninfo(conn)
+        self._conninfo = _conninfo(conn)
         self._adbc = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()

@@ -124,13 +124,6 @@ class MemoryGovernor:
         self.current = min(self.current, most)
         return max(2, self.current)
 
-    def planned(self, most: int) -> int:
-        """The cap the next batches are to have as things stand (at most `most`), without a
-        reading: what a cut in whole batches gives each tenant (ADR 0039)."""
-        if self.budget_mib is None:
-            return most
-        return min(most, self.current or max(self._floor, most // 2))
-
     def observed(self, ops: int) -> None:
         """The batch just drained had `ops` ops: adjust the cap to the peak it reached."""
         measuring, self._measuring = self._measuring, False

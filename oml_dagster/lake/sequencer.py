@@ -17,22 +17,15 @@ import psycopg
 
 from . import queries
 
-# Rows one cut sequences at most (one transaction under the sequencer's lock).
-CUT_LIMIT = 100_000
 
-
-def quotas(pending: dict[str, int], limit: int, whole: int | None = None) -> dict[str, int]:
-    """How many of each tenant's pending rows a cut of at most `limit` reads, the fewest first,
-    then by tenant id. Fair shares by default: a tenant with fewer rows than its share leaves
-    the rest to the others, and each tenant gets at least one row while the limit lasts. With
-    `whole` (a drain's batch cap), whole batches instead: each tenant in turn gets up to
-    `whole` rows until the limit is spent, so a cut of a long backlog gives a few tenants full
-    batches at once rather than every tenant a slice (ADR 0039)."""
+def quotas(pending: dict[str, int], limit: int) -> dict[str, int]:
+    """How many of each tenant's pending rows a cut of at most `limit` reads: fair shares,
+    a tenant with fewer rows than its share leaving the rest to the others (the fewest first,
+    then by tenant id). Each tenant gets at least one row while the limit lasts."""
     left, out = limit, {}
     ordered = sorted(pending.items(), key=lambda item: (item[1], item[0]))
     for i, (tenant_id, count) in enumerate(ordered):
-        share = whole if whole is not None else max(left // (len(ordered) - i), 1)
-        take = min(count, share, left)
+        take = min(count, max(left // (len(ordered) - i), 1), left)
         if take > 0:
             out[tenant_id] = take
             left -= take
@@ -89,27 +82,27 @@ class SequencerReport:
         return merged
 
 
-def sequence(conn: psycopg.Connection, limit: int | None = None) -> SequencerReport:
-    """Run one cut of at most `limit` rows (CUT_LIMIT); commits its own transaction."""
+def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
+    """Run one cut; commits its own transaction."""
     with conn.transaction():
-        report, _ = _cut(conn, limit or CUT_LIMIT, None)
+        report, _ = _cut(conn, limit, None)
         _count_waiting(conn, report)
     return report
 
 
 def _cut(
-    conn: psycopg.Connection, limit: int, pending: dict[str, int] | None, whole: int | None = None
+    conn: psycopg.Connection, limit: int, pending: dict[str, int] | None
 ) -> tuple[SequencerReport, dict[str, int]]:
     """One cut, in the caller's transaction, sharing `limit` by `pending` (each tenant's
-    unsequenced rows, counted here when None; `whole` as in `quotas`). Returns the cut (rows
-    left waiting not counted) and the pending rows it shared."""
+    unsequenced rows, counted here when None). Returns the cut (rows left waiting not counted)
+    and the pending rows it shared."""
     report = SequencerReport()
     conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
     # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
     start = conn.execute(queries.MAX_SEQ).fetchone()[0]
     if pending is None:
         pending = dict(conn.execute(queries.SEQUENCE_PENDING).fetchall())
-    shares = quotas(pending, limit, whole)
+    shares = quotas(pending, limit)
     params = {
         "tenants": list(shares),
         "quotas": list(shares.values()),
@@ -152,11 +145,7 @@ MOST_CUTS_PER_PASS = 10
 
 
 def sequence_for_batches(
-    conn: psycopg.Connection,
-    max_batch: int,
-    limit: int | None = None,
-    *,
-    whole_batches: bool = False,
+    conn: psycopg.Connection, max_batch: int, limit: int = 100_000
 ) -> SequencerReport:
     """Cuts until nothing is left to cut, the cuts hold `max_batch` rows for each tenant they
     cut, or MOST_CUTS_PER_PASS cuts are done; one report for all of them. Each cut is its own
@@ -165,15 +154,12 @@ def sequence_for_batches(
     last counts the rows it leaves waiting: both aggregates read every unsequenced row, which
     over a backlog of a million rows cost more than the cut itself (bench/RESULTS.md, 3 Dec).
     A later cut shares its limit by the first count less what the cuts took; rows arriving
-    meanwhile wait for the next pass's cut. With `whole_batches` the pass makes one cut, which
-    shares its limit in whole batches of `max_batch` (`quotas`): it fills those it gives out."""
-    limit = limit or CUT_LIMIT
-    whole = max_batch if whole_batches else None
+    meanwhile wait for the next pass's cut."""
     report = SequencerReport()
     pending: dict[str, int] | None = None
     for n in range(MOST_CUTS_PER_PASS):
         with conn.transaction():
-            cut, pending = _cut(conn, limit, pending, whole)
+            cut, pending = _cut(conn, limit, pending)
             report = report.then(cut)
             pending = {
                 t: left
@@ -182,7 +168,6 @@ def sequence_for_batches(
             }
             done = (
                 n + 1 == MOST_CUTS_PER_PASS
-                or whole is not None  # one cut in whole batches fills those it gives out
                 or not cut.sequenced
                 or not pending
                 or report.sequenced >= max_batch * len(report.tenants)
