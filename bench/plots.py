@@ -47,6 +47,21 @@ def drain_plots(results: dict, out: str) -> None:
     _save(fig, out, "drain_rss.png")
 
 
+def memory_plot(results: dict, out: str) -> None:
+    """RSS over one tenant's drain (issue 10 target 3), each code of the run, with the bound."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results["results"]:
+        label = f"{r['source']}: peak {r['peak_rss_mib']:,} MiB, {r['ops_per_s']:,} ops/s"
+        ax.plot([t for t, _ in r["rss"]], [m for _, m in r["rss"]], label=label)
+    ax.axhline(1024, color="grey", linestyle="--", linewidth=1, label="1 GiB")
+    ax.set_xlabel("seconds since the drain started")
+    ax.set_ylabel("RSS (MiB)")
+    ax.set_title(f"one tenant's drain, {results['results'][0]['ops']:,} ops")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    _save(fig, out, "drain1_rss.png")
+
+
 def retract_plot(results: dict, out: str) -> None:
     rows = [r["rows"] for r in results["results"]]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -92,6 +107,7 @@ def main() -> None:
     folder, out = sys.argv[1], sys.argv[2]
     for name, draw in (
         ("drain.json", drain_plots),
+        ("memory.json", memory_plot),
         ("retract.json", retract_plot),
         ("lag.json", lag_plot),
     ):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every benchmark of issue 10, one after the other, each figure beside its baseline:
-#   bronze (drain vs write_deltalake), drain (rate per batch cap, RSS), simulate (outbox writes),
-#   retract (time vs silver size), history (commit latency at version ~100 vs ~10,000).
+#   bronze (drain vs write_deltalake), drain (rate per batch cap, RSS), memory (one tenant's
+#   backlog: peak RSS), simulate (outbox writes), retract (time vs silver size), history (commit
+#   latency at version ~100 vs ~10,000).
 # Issue 11's (lag under a stream with a real dagster-daemon, the sensor tick): bench/run_lag.sh.
 # Results go to bench/results/<UTC stamp>/ (one .log per benchmark, .json where the benchmark
 # writes one, the load average before and after each), then PNG plots into bench/plots/ when
@@ -25,6 +26,7 @@ case $SIZE in
   quick)
     BRONZE=(--events 20000)
     DRAIN=(--tenants 4 --claims 500 --max-batch 1000 5000 50000)
+    MEMORY=(--tenants 1 --claims 2000 --max-batch 50000)
     SIMULATE=(--tenants 4 --claims 500 --writers 2 --seed 1)
     RETRACT=(--sizes 20000 100000 --rounds 2)
     HISTORY=(--versions 1000 --samples 10)
@@ -32,6 +34,7 @@ case $SIZE in
   moderate)
     BRONZE=(--events 200000)
     DRAIN=(--tenants 10 --claims 2000 --max-batch 1000 5000 50000)
+    MEMORY=(--tenants 1 --claims 40000 --max-batch 50000)
     SIMULATE=(--tenants 10 --claims 2000 --writers 2 --seed 1)
     RETRACT=(--sizes 100000 1000000 --rounds 3 --profile)
     HISTORY=(--versions 10000 --samples 20)
@@ -39,6 +42,7 @@ case $SIZE in
   full)
     BRONZE=(--events 200000)
     DRAIN=(--tenants 20 --claims 8300 --max-batch 5000 50000)
+    MEMORY=(--tenants 1 --claims 160000 --max-batch 50000)
     SIMULATE=(--tenants 20 --claims 8300 --writers 2 --seed 2 --bad-ratio 0.01)
     RETRACT=(--sizes 100000 1000000 5000000 --rounds 3 --profile)
     HISTORY=(--versions 10000 --samples 20)
@@ -62,6 +66,7 @@ run() {
 
 run bronze bench/bronze_bench.py "${BRONZE[@]}"
 run drain bench/drain_bench.py "${DRAIN[@]}" --json "$OUT/drain.json"
+run memory bench/drain_bench.py "${MEMORY[@]}" --json "$OUT/memory.json"
 run simulate bench/simulate_bench.py "${SIMULATE[@]}"
 run retract bench/retract_bench.py "${RETRACT[@]}" --json "$OUT/retract.json"
 run history bench/history_bench.py "${HISTORY[@]}" --json "$OUT/history.json"
