@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake import catalog, sequencer, tables
+from oml_dagster.lake import catalog, queries, sequencer, tables
 from oml_dagster.lake.bronze import checked_events, cleared_events
 from oml_dagster.lake.errors import RefusedOp
 from oml_dagster.lake.fetch import Fetcher
@@ -208,3 +208,28 @@ def test_batches_are_cut_by_ops_and_bytes_and_say_whether_more_follows(conn):
     assert (len(full), full.more) == (5, True)
     assert (len(rest), rest.more) == (3, False)
     assert rest.seqs == full.seqs[2:]
+
+
+def test_payloads_read_again_scan_the_batch_not_the_outbox(conn):
+    """Statistics taken while a backlog was unsequenced (a bulk backlog, then the sequencer)
+    made `seq = ANY(...)` alone a scan of every sequenced row of the outbox on each batch. The
+    statement names the tenant and the seqs' range, so an index scan is bounded by them."""
+    keys = [producer.create_tenant(conn) for _ in range(2)]
+    for k in keys:
+        for i in range(20):
+            producer.commit_acts(conn, k, [producer.Act(producer.Event("x.y", {"i": i}), [])])
+    conn.execute("ANALYZE oml.outbox")  # nothing sequenced yet
+    sequencer.sequence(conn)
+    rows = conn.execute(
+        "SELECT seq FROM oml.outbox WHERE tenant_id = %s ORDER BY seq", (keys[0].tenant_id,)
+    ).fetchall()
+    seqs = [s for (s,) in rows[5:10]]
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")  # as over a table of a million rows
+        ((plan,),) = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + queries.OUTBOX_PAYLOADS,
+            (keys[0].tenant_id, min(seqs), max(seqs), seqs),
+        ).fetchall()
+    scan = plan[0]["Plan"]
+    assert scan["Actual Rows"] == len(seqs)
+    assert scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0) <= max(seqs) - min(seqs) + 1

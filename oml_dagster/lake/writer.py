@@ -200,10 +200,10 @@ def _handle(
 # --- Postgres reads ----------------------------------------------------------------------------
 
 
-def _payloads(conn: psycopg.Connection, seqs: list[int]) -> dict[int, dict]:
+def _payloads(conn: psycopg.Connection, tenant_id: str, seqs: list[int]) -> dict[int, dict]:
     """The payloads of ops the fetch sent as columns that the catalog must fold after all."""
-    rows = conn.execute(queries.OUTBOX_PAYLOADS, (seqs,)).fetchall()
-    return dict(rows)
+    params = (tenant_id, min(seqs), max(seqs), seqs)
+    return dict(conn.execute(queries.OUTBOX_PAYLOADS, params).fetchall())
 
 
 def _bodies(conn: psycopg.Connection, tenant_id: str, keys: set[tuple[str, int]]) -> dict:
@@ -744,7 +744,7 @@ def _catalog_ops(
     seqs = fetched["seq"].to_pylist()
     texts = fetched["payload_json"].to_pylist()
     missing = [seq for seq, text in zip(seqs, texts, strict=True) if text is None]
-    whole = _payloads(conn, missing) if missing else {}
+    whole = _payloads(conn, tenant_id, missing) if missing else {}
     rows = [
         (seq, journal_seq, name, orjson.loads(text) if text is not None else whole[seq], origin)
         for seq, journal_seq, name, text, origin in zip(
