@@ -108,8 +108,12 @@ def drain(
             pass_started = time.monotonic()
             cut = sequencer.sequence_for_batches(conn, config.max_batch)
             current = DrainPass(cut, scope=scope)
-            # Each pending tenant's frontier (the frontier cache's), where its next batch starts.
-            pending = {t: at for t, _, at in sequencer.pending_tenants(conn, tenants)}
+            # Each pending tenant's frontier (the frontier cache's), where its next batch starts:
+            # the targets, and where the tenant visited next is read ahead from; a drain of one
+            # named tenant needs neither.
+            pending: dict[str, int] = {}
+            if not tenants or len(tenants) > 1:
+                pending = {t: at for t, _, at in sequencer.pending_tenants(conn, tenants)}
             targets = tenants or list(pending)
             if owns is not None and not tenants:
                 targets = [t for t in targets if owns(t)]
