@@ -313,3 +313,40 @@ def test_a_pass_counts_the_backlog_once_and_what_it_leaves_once(conn, monkeypatc
         report.sequenced
         == conn.execute("SELECT count(*) FROM oml.outbox WHERE seq IS NOT NULL").fetchone()[0]
     )
+
+
+def test_a_cut_finds_its_rows_by_key_not_by_scanning_the_outbox(conn):
+    """A cut numbers a fraction of an outbox that keeps every sequenced row. The planner would
+    hash the cut and scan the whole outbox for its ids, at a cost growing with the outbox; the
+    cut's UPDATE finds each row by the primary key (the plan is read from auto_explain)."""
+    tenants = [producer.create_tenant(conn).tenant_id for _ in range(2)]
+    outbox = (
+        "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload)"
+        " SELECT t, j, 'area.upsert', '{}' FROM unnest(%s::uuid[]) t,"
+        " generate_series(%s::bigint, %s::bigint) j"
+    )
+    conn.execute(outbox, (tenants, 1, 5_000))
+    sequencer.sequence(conn, limit=10_000)
+    conn.execute(outbox, (tenants, 5_001, 6_000))
+    conn.execute("VACUUM ANALYZE oml.outbox")
+    plans: list[str] = []
+    conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET client_min_messages = log")
+    conn.execute("SET random_page_cost = 100")  # probes priced as on an outbox larger than memory
+    with conn.transaction():
+        report, _ = sequencer._cut(conn, 1_000, None)
+        settings = (
+            conn.execute("SHOW enable_hashjoin").fetchone(),
+            conn.execute("SHOW enable_mergejoin").fetchone(),
+        )
+    conn.execute("RESET client_min_messages; RESET random_page_cost")
+
+    assert report.sequenced == 1_000
+    (update,) = [p for p in plans if "Update on outbox" in p]
+    assert "Index Scan using outbox_pkey on outbox o " in update
+    assert "Seq Scan on outbox o " not in update
+    # The settings end with the statement: the rest of the transaction plans freely.
+    assert settings == (("on",), ("on",))
+    _assert_cut_invariants(conn)

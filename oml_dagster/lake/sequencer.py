@@ -109,7 +109,7 @@ def _cut(
         "limit": limit,
         "start": start,
     }
-    assigned = conn.execute(queries.SEQUENCE_ASSIGN, params).fetchall() if shares else []
+    assigned = _assign(conn, params) if shares else []
     for tenant_id, journal_seq, seq in assigned:
         cut = report.tenants.setdefault(tenant_id, TenantCut(tenant_id))
         cut.sequenced += 1
@@ -122,6 +122,15 @@ def _cut(
             (cut.tenant_id, cut.last_journal_seq, cut.last_seq),
         )
     return report, pending
+
+
+def _assign(conn: psycopg.Connection, params: dict) -> list[tuple[str, int, int]]:
+    """Numbers the cut's rows: (tenant_id, journal_seq, seq) of each, each row found by its
+    primary key (queries.INDEX_JOINS_ONLY says why)."""
+    conn.execute(queries.INDEX_JOINS_ONLY)
+    assigned = conn.execute(queries.SEQUENCE_ASSIGN, params).fetchall()
+    conn.execute(queries.ANY_JOINS)  # a failed statement rolls back the SET LOCAL with the rest
+    return assigned
 
 
 def _count_waiting(conn: psycopg.Connection, report: SequencerReport) -> None:
