@@ -20,6 +20,7 @@ How a batch is cut and folded:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -473,6 +474,7 @@ def _commit_table(
     work: KeyedWork | None = None,
 ) -> TableOutcome:
     """Land `output(txn)` in one fenced commit, re-checking the skip rule after any conflict.
+    `op_seqs` are the batch's seqs, ascending.
     On the first attempt the table version committed on is the one the fold read, so what
     `work` (a MERGE table's working copy) knows of it holds: rows all absent from it are
     appended, and a MERGE's target rows are narrowed to where the updated rows lie."""
@@ -497,7 +499,7 @@ def _commit_table(
                 inserts_only = work.only_new(rows)
                 target_filter = None if inserts_only else _target_filter(work, rows)
             rows = pa.Table.from_pylist(rows, schema=handle.spec.schema)
-        lag = sum(1 for s in op_seqs if s > txn)
+        lag = len(op_seqs) - bisect.bisect_right(op_seqs, txn)  # the batch's ops after txn
         # A table that does not exist yet is created even empty: a tenant's first batch makes
         # every core table (an absent one counts as txn 0, so each later batch would re-read the
         # tenant's ops from the start), and a validation makes its curated table.
