@@ -47,9 +47,9 @@ MAX_SEQ = "SELECT COALESCE(max(seq), 0) FROM oml.outbox"
 CLOCK = "SELECT clock_timestamp()"
 
 # One statement: take each tenant's first pending rows up to its quota (the partial index
-# outbox_unsequenced hands them over in order, so a cut reads about `limit` rows however long
-# the backlog), keep the contiguous run, cap it fairly across tenants (round-robin by position
-# in the run), number it after the current maximum seq.
+# outbox_unsequenced hands them over in order, so a cut reads at most the quotas' sum, the
+# cut's limit, however long the backlog), keep the contiguous run, number it after the current
+# maximum seq. The quotas are the cut's fair shares (sequencer.quotas), so no cap follows.
 SEQUENCE_ASSIGN = """
 WITH pending AS (
     SELECT o.id, o.tenant_id, o.journal_seq,
@@ -68,19 +68,11 @@ WITH pending AS (
            dense_rank() OVER (PARTITION BY tenant_id, journal_seq <= base
                               ORDER BY journal_seq) AS step
     FROM pending
-), run AS (
-    SELECT id, tenant_id, journal_seq,
-           row_number() OVER (PARTITION BY tenant_id ORDER BY journal_seq, id) AS pos
-    FROM ranked
-    WHERE journal_seq <= base OR journal_seq - step = base
-), capped AS (
-    SELECT id, tenant_id, journal_seq, pos FROM run
-    ORDER BY pos, tenant_id
-    LIMIT %(limit)s
 ), numbered AS (
     SELECT id, tenant_id, journal_seq,
            %(start)s + row_number() OVER (ORDER BY tenant_id, journal_seq, id) AS seq
-    FROM capped
+    FROM ranked
+    WHERE journal_seq <= base OR journal_seq - step = base
 )
 UPDATE oml.outbox o SET seq = n.seq, sequenced_at = clock_timestamp()
 FROM numbered n WHERE o.id = n.id

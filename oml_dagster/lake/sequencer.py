@@ -106,7 +106,6 @@ def _cut(
     params = {
         "tenants": list(shares),
         "quotas": list(shares.values()),
-        "limit": limit,
         "start": start,
     }
     assigned = _assign(conn, params) if shares else []
