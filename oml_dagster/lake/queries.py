@@ -50,6 +50,7 @@ CLOCK = "SELECT clock_timestamp()"
 # outbox_unsequenced hands them over in order, so a cut reads at most the quotas' sum, the
 # cut's limit, however long the backlog), keep the contiguous run, number it after the current
 # maximum seq. The quotas are the cut's fair shares (sequencer.quotas), so no cap follows.
+# Returns per tenant: rows numbered, first and last seq, last journal_seq.
 SEQUENCE_ASSIGN = """
 WITH pending AS (
     SELECT o.id, o.tenant_id, o.journal_seq,
@@ -73,10 +74,13 @@ WITH pending AS (
            %(start)s + row_number() OVER (ORDER BY tenant_id, journal_seq, id) AS seq
     FROM ranked
     WHERE journal_seq <= base OR journal_seq - step = base
+), assigned AS (
+    UPDATE oml.outbox o SET seq = n.seq, sequenced_at = clock_timestamp()
+    FROM numbered n WHERE o.id = n.id
+    RETURNING n.tenant_id, n.journal_seq, n.seq
 )
-UPDATE oml.outbox o SET seq = n.seq, sequenced_at = clock_timestamp()
-FROM numbered n WHERE o.id = n.id
-RETURNING n.tenant_id::text, n.journal_seq, n.seq
+SELECT tenant_id::text, count(*), min(seq), max(seq), max(journal_seq)
+FROM assigned GROUP BY tenant_id
 """
 
 # SEQUENCE_ASSIGN finds each row it numbers by the primary key. The planner, which expects a

@@ -108,13 +108,12 @@ def _cut(
         "quotas": list(shares.values()),
         "start": start,
     }
-    assigned = _assign(conn, params) if shares else []
-    for tenant_id, journal_seq, seq in assigned:
-        cut = report.tenants.setdefault(tenant_id, TenantCut(tenant_id))
-        cut.sequenced += 1
-        cut.first_seq = seq if cut.first_seq is None else min(cut.first_seq, seq)
-        cut.last_seq = seq if cut.last_seq is None else max(cut.last_seq, seq)
-        cut.last_journal_seq = max(cut.last_journal_seq or 0, journal_seq)
+    for tenant_id, count, first_seq, last_seq, last_journal_seq in (
+        _assign(conn, params) if shares else []
+    ):
+        report.tenants[tenant_id] = TenantCut(
+            tenant_id, count, first_seq, last_seq, last_journal_seq
+        )
     for cut in report.tenants.values():
         conn.execute(
             queries.SEQUENCER_TENANT_UPSERT,
@@ -123,9 +122,9 @@ def _cut(
     return report, pending
 
 
-def _assign(conn: psycopg.Connection, params: dict) -> list[tuple[str, int, int]]:
-    """Numbers the cut's rows: (tenant_id, journal_seq, seq) of each, each row found by its
-    primary key (queries.INDEX_JOINS_ONLY says why)."""
+def _assign(conn: psycopg.Connection, params: dict) -> list[tuple[str, int, int, int, int]]:
+    """Numbers the cut's rows, each found by its primary key (queries.INDEX_JOINS_ONLY says
+    why). Per tenant: (tenant_id, rows, first seq, last seq, last journal_seq)."""
     conn.execute(queries.INDEX_JOINS_ONLY)
     assigned = conn.execute(queries.SEQUENCE_ASSIGN, params).fetchall()
     conn.execute(queries.ANY_JOINS)  # a failed statement rolls back the SET LOCAL with the rest
