@@ -46,6 +46,28 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+# The checkout this benchmark belongs to: its code is what a drain runs unless `source` names
+# another checkout.
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def code_root(source: str | None) -> str:
+    """The checkout whose `oml_dagster` a child drain runs, checked by importing it there.
+    `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH: until
+    3 Dec a baseline child started in the benchmark's own directory ran the benchmark's code,
+    not the baseline's. The child now starts in its checkout, which is also on PYTHONPATH."""
+    root = os.path.abspath(source or HERE)
+    probe = [sys.executable, "-c", "import oml_dagster; print(oml_dagster.__file__)"]
+    env = {**os.environ, "PYTHONPATH": root}
+    imported = subprocess.run(probe, cwd=root, env=env, capture_output=True, text=True)
+    path = imported.stdout.strip()
+    if imported.returncode != 0 or not path.startswith(root + os.sep):
+        raise SystemExit(
+            f"{root}: its oml_dagster is not what a child imports ({path or imported.stderr})"
+        )
+    return root
+
+
 def drain_once(snapshot: Snapshot, dsn: str, max_batch: int, source: str | None = None) -> dict:
     """Drain everything into a fresh lake in a child process, from the database as the workload
     left it (nothing sequenced, no verdicts). With `source` (a checkout of an earlier commit)
@@ -54,14 +76,14 @@ def drain_once(snapshot: Snapshot, dsn: str, max_batch: int, source: str | None 
     with psycopg.connect(dsn, autocommit=True) as conn:
         ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
     with tempfile.TemporaryDirectory() as tmp:
+        root = code_root(source)
         env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": os.path.join(tmp, "oml-lake")}
-        if source:
-            env["PYTHONPATH"] = os.path.abspath(source)
+        env["PYTHONPATH"] = root
         cmd = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"]
         cmd += ["--max-batch", str(max_batch)]
         samples: list[tuple[float, float]] = []
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL)
 
         def sample() -> None:
             while proc.poll() is None:
@@ -83,6 +105,7 @@ def drain_once(snapshot: Snapshot, dsn: str, max_batch: int, source: str | None 
     return {
         "max_batch": max_batch,
         "source": source or "this checkout",
+        "code": root,
         "ops": ops,
         "seconds": round(elapsed, 2),
         "ops_per_s": round(ops / elapsed),
@@ -134,7 +157,7 @@ def main() -> None:
         print(
             f"drain max-batch {r['max_batch']:>6}: {r['seconds']:7.1f} s, {r['ops_per_s']:>7,} ops/s,"
             f" {r['dead_letters']} dead letters ({r['injected_faults']} injected faults),"
-            f" peak RSS {r['peak_rss_mib']} MiB ({r['source']})"
+            f" peak RSS {r['peak_rss_mib']} MiB ({r['source']}: {r['code']})"
         )
     if args.json:
         with open(args.json, "w") as f:
