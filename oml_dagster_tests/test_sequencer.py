@@ -349,4 +349,9 @@ def test_a_cut_finds_its_rows_by_key_not_by_scanning_the_outbox(conn):
     assert "Seq Scan on outbox o " not in update
     # The settings end with the statement: the rest of the transaction plans freely.
     assert settings == (("on",), ("on",))
+    # and a session's own setting outlives the cut's transaction.
+    conn.execute("SET enable_mergejoin = off")
+    sequencer.sequence(conn, limit=10)
+    assert conn.execute("SHOW enable_mergejoin").fetchone() == ("off",)
+    conn.execute("RESET enable_mergejoin")
     _assert_cut_invariants(conn)
