@@ -233,3 +233,35 @@ def test_payloads_read_again_scan_the_batch_not_the_outbox(conn):
     scan = plan[0]["Plan"]
     assert scan["Actual Rows"] == len(seqs)
     assert scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0) <= max(seqs) - min(seqs) + 1
+
+
+def test_the_first_ops_of_a_batch_are_the_batch_a_smaller_cap_reads(conn):
+    """What lets the drain cut a batch read ahead under a larger cap instead of reading it
+    again: for every pair of op caps and every byte cap, the first ops of the larger batch are
+    the smaller batch, and say the same of what follows."""
+    keys = producer.create_tenant(conn)
+    for i in range(8):
+        event = producer.Event("x.y", {"i": i, "pad": "x" * (40 * (i % 3))})
+        producer.commit_acts(conn, keys, [producer.Act(event, [("area.upsert", {"i": i})])])
+    sequencer.sequence(conn)
+    sizes = [
+        s
+        for (s,) in conn.execute(
+            "SELECT pg_column_size(payload) FROM oml.outbox WHERE tenant_id = %s ORDER BY seq",
+            (keys.tenant_id,),
+        )
+    ]
+    byte_caps = sorted({1, sum(sizes[:3]), sum(sizes[:5]) + 1, sum(sizes[:9]), 2**30})
+    with Fetcher(conn) as fetcher:
+        for max_bytes in byte_caps:
+            for after in (0, 5):
+                read = {n: fetcher.fetch(keys.tenant_id, after, n, max_bytes) for n in range(1, 18)}
+                for larger in range(2, 18):
+                    for smaller in range(1, larger):
+                        cut, fresh = read[larger].head(smaller), read[smaller]
+                        label = (max_bytes, after, larger, smaller)
+                        assert cut.seqs == fresh.seqs, label
+                        assert cut.more == fresh.more, label
+                        assert cut.columns.drop_columns(["followed"]).equals(
+                            fresh.columns.drop_columns(["followed"])
+                        ), label

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from oml_dagster.lake import memory, sequencer
 from oml_dagster.lake.drain import drain
+from oml_dagster.lake.fetch import Fetcher
 from oml_dagster.lake.memory import MemoryGovernor, next_cap
 from oml_dagster.lake.tables import SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig
@@ -80,6 +81,28 @@ def test_a_spent_budget_drains_the_backlog_in_small_batches_losing_nothing(conn,
     # the configured cap (40) down to the governor's floor, and stays there.
     sizes, _ = _batch_sizes(conn, lake, MemoryGovernor(1, sample_ops=5, least=7))
     assert sizes[:2] == [10, 7] and len(sizes) > 9 and set(sizes[1:-1]) == {7}
+
+
+def test_a_batch_read_ahead_under_a_larger_cap_is_cut_to_the_new_one_not_read_again(
+    conn, lake, monkeypatch
+):
+    """The governor shrinks the cap between a batch read ahead and its turn: the batch's first
+    ops are the smaller batch, so no op is fetched twice (each batch starts where the one
+    before ended, read once)."""
+    if not memory.reset_peak():
+        pytest.skip("no /proc/self/clear_refs here")
+    afters: list[int] = []
+    fetch = Fetcher.fetch
+
+    def recorded(self, tenant_id, after, *args):
+        afters.append(after)
+        return fetch(self, tenant_id, after, *args)
+
+    monkeypatch.setattr(Fetcher, "fetch", recorded)
+    sizes, _ = _batch_sizes(conn, lake, MemoryGovernor(1, sample_ops=5, least=7))
+    assert sizes[:2] == [10, 7]  # the second batch was read ahead under a cap of 10
+    assert len(afters) == len(set(afters)), "a batch was read again"
+    assert len(afters) >= len(sizes)
 
 
 def test_a_spent_budget_never_takes_batches_under_a_share_of_the_configured_cap():

@@ -38,6 +38,13 @@ class Batch:
         # full, or the byte cap cut it before an op the scan had read
         return n > 0 and (n == self.max_ops or self.columns["followed"][n - 1].as_py())
 
+    def head(self, max_ops: int) -> Batch:
+        """The batch a fetch with the smaller cap `max_ops` reads: this one's first ops. A
+        tenant's ops after `after` are fixed once sequenced (a later cut numbers above every
+        seq), and the byte cap counts from the batch's first op, so the first ops of a batch
+        are a batch."""
+        return Batch(self.after, self.columns.slice(0, max_ops), max_ops)
+
     @property
     def seqs(self) -> list[int]:
         return self.columns.column("seq").to_pylist()

@@ -611,8 +611,12 @@ def _drain_batch(
             f"through {decided}"
         )
     batch = prefetched.result() if prefetched is not None else None
-    # A batch read ahead under another cap (the memory budget moved it) is read again.
-    if batch is None or batch.after != base or batch.max_ops != config.max_batch:
+    # A batch read ahead under another cap (the memory budget moved it): under a larger cap it
+    # is cut to this one, under a smaller one it is a batch as it is. Read from the wrong place
+    # (a stale guess), it is read again.
+    if batch is not None and batch.after == base and batch.max_ops > config.max_batch:
+        batch = batch.head(config.max_batch)
+    if batch is None or batch.after != base:
         batch = fetcher.fetch(tenant_id, base, config.max_batch, config.max_batch_bytes)
     seqs = batch.seqs
     batch_end = seqs[-1] if seqs else base
