@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from oml_dagster.lake.drain import drain
+from oml_dagster.lake.fetch import Fetcher
 from oml_dagster.lake.storage import read_rows, tenant_tables
 from oml_dagster.lake.tables import (
     BRONZE_EVENTS,
@@ -161,3 +163,16 @@ def merge_rows(table, spec, rows: list[dict]) -> None:
         .when_not_matched_insert_all()
         .execute()
     )
+
+
+def recorded_fetches(monkeypatch) -> list[tuple[str, int, str]]:
+    """Every batch fetch from now on, as (tenant_id, after, the thread that fetched it)."""
+    fetched: list[tuple[str, int, str]] = []
+    fetch = Fetcher.fetch
+
+    def recorded(self, tenant_id, after, *args):
+        fetched.append((tenant_id, after, threading.current_thread().name))
+        return fetch(self, tenant_id, after, *args)
+
+    monkeypatch.setattr(Fetcher, "fetch", recorded)
+    return fetched

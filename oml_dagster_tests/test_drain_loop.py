@@ -4,7 +4,6 @@ its own tenants are idle, whatever other tenants do, and at its time cap."""
 from __future__ import annotations
 
 import gc
-import threading
 import time
 import weakref
 
@@ -21,7 +20,7 @@ from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.simulate import acts, producer
 
 from .dagster_support import more_acts, seed_tenant
-from .helpers import dead_letters
+from .helpers import dead_letters, recorded_fetches
 
 SMALL = WriterConfig(max_batch=8, txn_lag_limit=4)
 
@@ -127,26 +126,13 @@ def test_a_drain_keeps_no_batch_it_has_folded(conn, lake, monkeypatch):
         fetched.clear()
 
 
-def _recorded_fetches(monkeypatch) -> list[tuple[str, int, str]]:
-    """Every batch fetch from now on, as (tenant_id, after, the thread that fetched it)."""
-    fetched: list[tuple[str, int, str]] = []
-    fetch = Fetcher.fetch
-
-    def recorded(self, tenant_id, after, *args):
-        fetched.append((tenant_id, after, threading.current_thread().name))
-        return fetch(self, tenant_id, after, *args)
-
-    monkeypatch.setattr(Fetcher, "fetch", recorded)
-    return fetched
-
-
 def test_a_pass_reads_the_next_tenant_s_batch_while_the_current_one_commits(
     conn, lake, monkeypatch
 ):
     """One pass over three tenants, one batch each: the first batch is read by the drain, the
     next two on the fetcher's thread while the tenant before them commits, each once."""
     works = [seed_tenant(conn, bad=False) for _ in range(3)]
-    fetched = _recorded_fetches(monkeypatch)
+    fetched = recorded_fetches(monkeypatch)
 
     (one,) = drain(conn, lake)
 
@@ -163,7 +149,7 @@ def test_a_full_batch_reads_ahead_the_next_tenant_of_the_pass_before_its_own_nex
     """The batch the drain needs next is the next tenant's of the pass: a tenant whose batch
     is full reads its own next one ahead only when it is the pass's last tenant."""
     works = sorted((seed_tenant(conn, bad=False) for _ in range(2)), key=lambda w: w.tenant_id)
-    fetched = _recorded_fetches(monkeypatch)
+    fetched = recorded_fetches(monkeypatch)
 
     first = drain(conn, lake, until_idle=True, config=SMALL)[0].batches
 
@@ -187,7 +173,7 @@ def test_a_batch_read_ahead_from_a_stale_frontier_is_read_again(conn, lake, monk
     conn.execute("TRUNCATE oml.lake_frontier")  # the cache forgets: every tenant at 0
     for work in works:
         more_acts(conn, work, 2)
-    fetched = _recorded_fetches(monkeypatch)
+    fetched = recorded_fetches(monkeypatch)
 
     (again,) = drain(conn, lake, [w.tenant_id for w in works])
 

@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 from oml_dagster.lake import memory, sequencer
 from oml_dagster.lake.drain import drain
-from oml_dagster.lake.fetch import Fetcher
 from oml_dagster.lake.memory import MemoryGovernor, next_cap
 from oml_dagster.lake.tables import SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig
 
 from .conftest import table_rows
 from .dagster_support import more_acts, seed_tenant
+from .helpers import recorded_fetches
 
 mib = st.floats(min_value=0, max_value=1e5, allow_nan=False)
 
@@ -91,15 +91,9 @@ def test_a_batch_read_ahead_under_a_larger_cap_is_cut_to_the_new_one_not_read_ag
     before ended, read once)."""
     if not memory.reset_peak():
         pytest.skip("no /proc/self/clear_refs here")
-    afters: list[int] = []
-    fetch = Fetcher.fetch
-
-    def recorded(self, tenant_id, after, *args):
-        afters.append(after)
-        return fetch(self, tenant_id, after, *args)
-
-    monkeypatch.setattr(Fetcher, "fetch", recorded)
+    fetched = recorded_fetches(monkeypatch)
     sizes, _ = _batch_sizes(conn, lake, MemoryGovernor(1, sample_ops=5, least=7))
+    afters = [after for _, after, _ in fetched]
     assert sizes[:2] == [10, 7]  # the second batch was read ahead under a cap of 10
     assert len(afters) == len(set(afters)), "a batch was read again"
     assert len(afters) >= len(sizes)
