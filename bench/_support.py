@@ -1,5 +1,6 @@
 """What every benchmark needs: a fresh database (migrated, with the simulator's schema) that is
-dropped afterwards, and a line describing the machine for the results."""
+dropped afterwards, a line describing the machine for the results, and the checkout whose code
+a child drain runs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import psycopg
@@ -78,3 +80,26 @@ def machine() -> str:
         f"machine: {os.cpu_count()} CPUs ({cpu}), {mem:.1f} GiB; Python {platform.python_version()};"
         f" {pg}; load average {load}"
     )
+
+
+# The checkout the benchmarks belong to: its code is what a child drain runs unless a baseline
+# names another checkout.
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def code_root(source: str | None) -> str:
+    """The checkout whose `oml_dagster` a child drain runs (started in it, with it on
+    PYTHONPATH), checked by importing it there.
+    `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH: until
+    3 Dec a baseline child started in the benchmark's own directory ran the benchmark's code,
+    not the baseline's."""
+    root = os.path.abspath(source or HERE)
+    probe = [sys.executable, "-c", "import oml_dagster; print(oml_dagster.__file__)"]
+    env = {**os.environ, "PYTHONPATH": root}
+    imported = subprocess.run(probe, cwd=root, env=env, capture_output=True, text=True)
+    path = imported.stdout.strip()
+    if imported.returncode != 0 or not path.startswith(root + os.sep):
+        raise SystemExit(
+            f"{root}: its oml_dagster is not what a child imports ({path or imported.stderr})"
+        )
+    return root

@@ -30,9 +30,9 @@ from oml_dagster.simulate.runner import RunConfig, run
 from oml_dagster.simulate.workload import WorkloadConfig
 
 try:
-    from bench._support import Snapshot, fresh_database, machine
+    from bench._support import Snapshot, code_root, fresh_database, machine
 except ImportError:  # run as a script
-    from _support import Snapshot, fresh_database, machine
+    from _support import Snapshot, code_root, fresh_database, machine
 
 
 def _rss_mib(pid: int) -> float:
@@ -44,28 +44,6 @@ def _rss_mib(pid: int) -> float:
     except OSError:
         pass
     return 0.0
-
-
-# The checkout this benchmark belongs to: its code is what a drain runs unless `source` names
-# another checkout.
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def code_root(source: str | None) -> str:
-    """The checkout whose `oml_dagster` a child drain runs, checked by importing it there.
-    `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH: until
-    3 Dec a baseline child started in the benchmark's own directory ran the benchmark's code,
-    not the baseline's. The child now starts in its checkout, which is also on PYTHONPATH."""
-    root = os.path.abspath(source or HERE)
-    probe = [sys.executable, "-c", "import oml_dagster; print(oml_dagster.__file__)"]
-    env = {**os.environ, "PYTHONPATH": root}
-    imported = subprocess.run(probe, cwd=root, env=env, capture_output=True, text=True)
-    path = imported.stdout.strip()
-    if imported.returncode != 0 or not path.startswith(root + os.sep):
-        raise SystemExit(
-            f"{root}: its oml_dagster is not what a child imports ({path or imported.stderr})"
-        )
-    return root
 
 
 def drain_once(snapshot: Snapshot, dsn: str, max_batch: int, source: str | None = None) -> dict:

@@ -25,9 +25,9 @@ from oml_dagster.simulate.runner import RunConfig, run
 from oml_dagster.simulate.workload import WorkloadConfig
 
 try:
-    from bench._support import fresh_database, machine
+    from bench._support import code_root, fresh_database, machine
 except ImportError:  # run as a script
-    from _support import fresh_database, machine
+    from _support import code_root, fresh_database, machine
 
 # A frame's file, shortened: the path inside site-packages, or from oml_dagster/ on.
 _SITE = re.compile(r"\(/\S*?/site-packages/")
@@ -73,7 +73,9 @@ def main() -> None:
     with fresh_database() as dsn, tempfile.TemporaryDirectory() as tmp:
         run(dsn, WorkloadConfig(args.tenants, args.claims, args.seed, 0.01), RunConfig(writers=2))
         raw = args.raw or os.path.join(tmp, "drain.raw")
+        root = code_root(None)  # this checkout's code, wherever the profile is run from
         env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": os.path.join(tmp, "oml-lake")}
+        env["PYTHONPATH"] = root
         drain = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"]
         drain += ["--max-batch", str(args.max_batch)]
         beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -86,7 +88,7 @@ def main() -> None:
             str(args.rate),
         ]
         spy += ["--format", "raw", "--output", raw, "--"]
-        subprocess.run(spy + drain, env=env, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(spy + drain, cwd=root, env=env, check=True, stdout=subprocess.DEVNULL)
         print(machine())
         print(f"workload: {args.tenants} tenants x {args.claims} claims, seed {args.seed}")
         print(summarize(raw, top=args.top))
