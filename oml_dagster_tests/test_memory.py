@@ -3,10 +3,16 @@ and a drain that lowers its batches when the budget calls for it, losing nothing
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import oml_dagster
 from oml_dagster.lake import memory, sequencer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.memory import MemoryGovernor, next_cap
@@ -53,6 +59,61 @@ def test_the_peak_reading_follows_an_allocation_and_resets():
     assert memory.resident_mib() < memory.peak_mib() - 150
     assert memory.reset_peak()
     assert memory.peak_mib() < memory.resident_mib() + 20
+
+
+# A process of its own (jemalloc reads its configuration once): what a write and a MERGE left
+# resident, `wait` seconds after their memory was freed.
+_AFTER_A_MERGE = r"""
+import gc, json, os, sys, tempfile, time
+import oml_dagster  # sets delta-rs's allocator up, as in every process of ours
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from oml_dagster.lake.memory import resident_mib
+
+n = 1_000_000
+data = pa.table({"k": pa.array(range(n)), "b": pa.array([os.urandom(100) for _ in range(n)])})
+keys = range(0, n, 7)
+source = pa.table({"k": pa.array(keys), "b": pa.array([b"y"] * len(keys), pa.binary())})
+before = resident_mib()
+path = tempfile.mkdtemp()
+write_deltalake(path, data)
+table = DeltaTable(path)
+merge = table.merge(source, "t.k = s.k", source_alias="s", target_alias="t")
+merge.when_matched_update_all().when_not_matched_insert_all().execute()
+del data, source, merge
+gc.collect()
+time.sleep(float(sys.argv[1]))
+print(json.dumps({"conf": os.environ.get("_RJEM_MALLOC_CONF"), "kept": resident_mib() - before}))
+"""
+
+
+def _kept_after_a_merge(wait: float, conf: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    if conf is not None:
+        env["_RJEM_MALLOC_CONF"] = conf
+    child = subprocess.run(
+        [sys.executable, "-c", _AFTER_A_MERGE, str(wait)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(child.stdout)
+
+
+def test_delta_rs_hands_a_merge_s_freed_memory_back_within_seconds():
+    """ADR 0041: jemalloc's default keeps freed pages for ten seconds, so a drain's next batch
+    began on top of the last one's commits. Ours hands them back after one. Fails if the
+    setting stops reaching delta-rs's allocator (a deltalake release that renames it, or an
+    import of deltalake ahead of ours)."""
+    if memory.resident_mib() is None:
+        pytest.skip("no /proc/self/status here")
+    ours = _kept_after_a_merge(3, None)
+    assert ours["conf"] == oml_dagster.JEMALLOC_CONF
+    # jemalloc's own default, written out.
+    default = _kept_after_a_merge(3, "dirty_decay_ms:10000,muzzy_decay_ms:0")
+    assert default["conf"] == "dirty_decay_ms:10000,muzzy_decay_ms:0"  # an operator's wins
+    assert ours["kept"] < default["kept"] - 100, (ours, default)
 
 
 def test_without_a_budget_the_configured_cap_holds():
