@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import psycopg
 
+import oml_dagster
 from oml_dagster.lake import db
 from oml_dagster.simulate import producer
 
@@ -95,11 +96,22 @@ def code_root(source: str | None) -> str:
     not the baseline's."""
     root = os.path.abspath(source or HERE)
     probe = [sys.executable, "-c", "import oml_dagster; print(oml_dagster.__file__)"]
-    env = {**os.environ, "PYTHONPATH": root}
-    imported = subprocess.run(probe, cwd=root, env=env, capture_output=True, text=True)
+    imported = subprocess.run(probe, cwd=root, env=child_env(root), capture_output=True, text=True)
     path = imported.stdout.strip()
     if imported.returncode != 0 or not path.startswith(root + os.sep):
         raise SystemExit(
             f"{root}: its oml_dagster is not what a child imports ({path or imported.stderr})"
         )
     return root
+
+
+def child_env(root: str, **settings: str) -> dict[str, str]:
+    """The environment of a child running checkout `root`'s code: this process's, with `root` on
+    PYTHONPATH and `settings` added, less the allocator setting that importing `oml_dagster` put
+    here (ADR 0041). A checkout that sets it sets it itself; an earlier one must run as it did.
+    (A value equal to ours is taken for ours: an operator who set the very same one loses it in a
+    baseline's child only.)"""
+    env = {**os.environ, "PYTHONPATH": root, **settings}
+    if env.get("_RJEM_MALLOC_CONF") == getattr(oml_dagster, "JEMALLOC_CONF", None):
+        del env["_RJEM_MALLOC_CONF"]
+    return env

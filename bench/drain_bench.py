@@ -30,9 +30,9 @@ from oml_dagster.simulate.runner import RunConfig, run
 from oml_dagster.simulate.workload import WorkloadConfig
 
 try:
-    from bench._support import Snapshot, code_root, fresh_database, machine
+    from bench._support import Snapshot, child_env, code_root, fresh_database, machine
 except ImportError:  # run as a script
-    from _support import Snapshot, code_root, fresh_database, machine
+    from _support import Snapshot, child_env, code_root, fresh_database, machine
 
 
 def _rss_mib(pid: int) -> float:
@@ -55,8 +55,7 @@ def drain_once(snapshot: Snapshot, dsn: str, max_batch: int, source: str | None 
         ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
     with tempfile.TemporaryDirectory() as tmp:
         root = code_root(source)
-        env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": os.path.join(tmp, "oml-lake")}
-        env["PYTHONPATH"] = root
+        env = child_env(root, OML_PG_DSN=dsn, OML_LAKE_URI=os.path.join(tmp, "oml-lake"))
         cmd = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"]
         cmd += ["--max-batch", str(max_batch)]
         samples: list[tuple[float, float]] = []

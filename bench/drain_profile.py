@@ -25,9 +25,9 @@ from oml_dagster.simulate.runner import RunConfig, run
 from oml_dagster.simulate.workload import WorkloadConfig
 
 try:
-    from bench._support import code_root, fresh_database, machine
+    from bench._support import child_env, code_root, fresh_database, machine
 except ImportError:  # run as a script
-    from _support import code_root, fresh_database, machine
+    from _support import child_env, code_root, fresh_database, machine
 
 # A frame's file, shortened: the path inside site-packages, or from oml_dagster/ on.
 _SITE = re.compile(r"\(/\S*?/site-packages/")
@@ -74,8 +74,7 @@ def main() -> None:
         run(dsn, WorkloadConfig(args.tenants, args.claims, args.seed, 0.01), RunConfig(writers=2))
         raw = args.raw or os.path.join(tmp, "drain.raw")
         root = code_root(None)  # this checkout's code, wherever the profile is run from
-        env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": os.path.join(tmp, "oml-lake")}
-        env["PYTHONPATH"] = root
+        env = child_env(root, OML_PG_DSN=dsn, OML_LAKE_URI=os.path.join(tmp, "oml-lake"))
         drain = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"]
         drain += ["--max-batch", str(args.max_batch)]
         beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
