@@ -12,6 +12,10 @@ both into fresh local directories, in the same run. Prints the rates and their r
 
 from __future__ import annotations
 
+# First: importing oml_dagster sets delta-rs's allocator up, as in the product (ADR 0041).
+import oml_dagster  # noqa: F401
+
+# isort: split
 import argparse
 import datetime as dt
 import json

@@ -26,6 +26,10 @@ ratios of the medians at the high point to the low one (target: at most 2x).
 
 from __future__ import annotations
 
+# First: importing oml_dagster sets delta-rs's allocator up, as in the product (ADR 0041).
+import oml_dagster  # noqa: F401
+
+# isort: split
 import argparse
 import contextlib
 import datetime as dt

@@ -14,6 +14,10 @@ name as pyarrow's `get_file_info` asks) and the other requests by method.
 
 from __future__ import annotations
 
+# First: importing oml_dagster sets delta-rs's allocator up, as in the product (ADR 0041).
+import oml_dagster  # noqa: F401
+
+# isort: split
 import argparse
 import collections
 import contextlib

@@ -22,6 +22,10 @@ Phases (each on the table built by `build`, whose log keeps every commit):
 
 from __future__ import annotations
 
+# First: importing oml_dagster sets delta-rs's allocator up, as in the product (ADR 0041).
+import oml_dagster  # noqa: F401
+
+# isort: split
 import argparse
 import collections
 import contextlib

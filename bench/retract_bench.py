@@ -17,6 +17,10 @@ files rewritten should not exceed claims touched.
 
 from __future__ import annotations
 
+# First: importing oml_dagster sets delta-rs's allocator up, as in the product (ADR 0041).
+import oml_dagster  # noqa: F401
+
+# isort: split
 import argparse
 import cProfile
 import datetime as dt
