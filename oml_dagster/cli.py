@@ -5,10 +5,15 @@ OML_ERASURE_CADENCE_SECONDS and the rest of `oml_dagster.settings`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import getpass
 import json
+import logging
+import os
 import sys
+import traceback
+from typing import NoReturn
 
 from . import analytics_cli, maintenance_cli
 from .lake import db, deadletter, sequencer
@@ -346,5 +351,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def entry() -> NoReturn:
+    """`oml-lake` as a command: `main`, then out of the process without the interpreter's
+    teardown. Native thread pools (Arrow's, delta-rs's) can still be winding down when Python
+    finalizes, and a finished command then aborted now and then with "terminate called without
+    an active exception" (SIGABRT, exit -6; delta-io/delta-rs#2184): a scheduler would have
+    counted a command that did all its work as failed. All work is done when `main` returns:
+    every commit is in the lake, every connection closed. Output is flushed first (ADR 0042)."""
+    try:
+        code = main()
+    except SystemExit as stop:  # argparse's usage errors, --help
+        code = stop.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

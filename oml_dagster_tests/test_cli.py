@@ -112,3 +112,44 @@ def test_an_object_store_without_conditional_put_is_refused(dsn, monkeypatch):
     }
     done = oml_lake("drain", env=env, check=False)
     assert done.returncode == 1 and "UnsupportedObjectStore" in done.stderr
+
+
+# `oml-lake` as the console script runs it, with a hook on the interpreter's teardown.
+_ENTRY = """
+import atexit, sys
+atexit.register(lambda: print("teardown ran"))
+from oml_dagster import cli
+sys.argv = ["oml-lake", *sys.argv[1:]]
+cli.entry()
+"""
+
+
+def _entry(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _ENTRY, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_command_leaves_without_the_interpreter_s_teardown_and_keeps_its_output():
+    """ADR 0042: a finished command exits straight after flushing its output, so native thread
+    pools still winding down cannot abort it (SIGABRT, exit -6) at finalization."""
+    done = _entry("--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: oml-lake")
+    assert "simulate" in done.stdout  # the whole help text, flushed
+    assert "teardown ran" not in done.stdout
+
+
+def test_the_command_s_exit_codes_survive_the_direct_exit(tmp_path):
+    usage = _entry("no-such-command")
+    assert usage.returncode == 2
+    assert "invalid choice: 'no-such-command'" in usage.stderr
+    # A setting the command refuses: exit 1, naming it.
+    env = {**os.environ, "OML_MAX_BATCH": "many", "OML_LAKE_URI": str(tmp_path / "oml-lake")}
+    refused = _entry("drain", "--until-idle", env=env)
+    assert refused.returncode == 1
+    assert "OML_MAX_BATCH" in refused.stderr
