@@ -50,20 +50,16 @@ def _tagged_drain(max_batch: int) -> dict:
     """Drain in this process with every stage tagged; the readings per batch."""
     from oml_dagster import cli
     from oml_dagster.lake import drain, sequencer, writer
+    from oml_dagster.lake.memory import resident_mib
 
-    page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
     stage, batch = ["drain loop"], [0]
     readings: list[tuple[float, float, str, int]] = []
     done = threading.Event()
 
-    def resident() -> float:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * page_mib
-
     def sample() -> None:
         started = time.perf_counter()
         while not done.is_set():
-            readings.append((time.perf_counter() - started, resident(), stage[0], batch[0]))
+            readings.append((time.perf_counter() - started, resident_mib(), stage[0], batch[0]))
             time.sleep(0.005)
 
     def tag(module, name: str, label) -> None:
