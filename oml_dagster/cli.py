@@ -362,6 +362,8 @@ def entry() -> NoReturn:
         code = main()
     except SystemExit as stop:  # argparse's usage errors, --help
         code = stop.code
+    except KeyboardInterrupt:
+        code = 130  # what a shell reports for a command stopped by Ctrl-C, as before
     except BaseException:
         traceback.print_exc()
         code = 1

@@ -124,9 +124,11 @@ cli.entry()
 """
 
 
-def _entry(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _entry(
+    *args: str, env: dict | None = None, script: str = _ENTRY
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", _ENTRY, *args],
+        [sys.executable, "-c", script, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -153,3 +155,7 @@ def test_the_command_s_exit_codes_survive_the_direct_exit(tmp_path):
     refused = _entry("drain", "--until-idle", env=env)
     assert refused.returncode == 1
     assert "OML_MAX_BATCH" in refused.stderr
+    # Stopped by Ctrl-C: 130, as a shell reports it.
+    interrupt = "def main():\n    raise KeyboardInterrupt\ncli.main = main\ncli.entry()"
+    stopped = _entry(script=_ENTRY.replace("cli.entry()", interrupt))
+    assert stopped.returncode == 130, stopped.stderr
