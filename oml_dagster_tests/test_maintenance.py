@@ -377,7 +377,9 @@ def test_optimize_between_a_batchs_commits_neither_duplicates_nor_loses(
 
 
 def test_checkpoint_when_far_behind_or_when_commits_outlived_the_bound(conn, lake, monkeypatch):
-    keys = producer.create_tenant(conn, erasure_bound=dt.timedelta(seconds=1))
+    # A bound no commit here outlives while the suite runs (a loaded machine takes seconds over
+    # the drains below); the aged case sets it to a second.
+    keys = producer.create_tenant(conn, erasure_bound=dt.timedelta(hours=1))
     tree = make_tree(conn, keys)
     for _ in range(3):
         acts.promote(conn, keys, claim(tree.a), b"b")
@@ -400,6 +402,11 @@ def test_checkpoint_when_far_behind_or_when_commits_outlived_the_bound(conn, lak
 
     # A new commit after the checkpoint, aged past the bound: checkpoint again so log cleanup
     # can expire it.
+    conn.execute(
+        "UPDATE oml.tenant_policy SET lake_erasure_bound = interval '1 second'"
+        " WHERE tenant_id = %s",
+        (keys.tenant_id,),
+    )
     acts.promote(conn, keys, claim(tree.a), b"c")
     drain_all(conn, lake)
     acts.promote(conn, keys, claim(tree.a), b"d")
