@@ -13,7 +13,14 @@ from deltalake import ColumnProperties, WriterProperties, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake.storage import FileKeys, Lake, may_hold, read_rows, rows_with
+from oml_dagster.lake.storage import (
+    FileKeys,
+    Lake,
+    may_hold,
+    may_hold_any,
+    read_rows,
+    rows_with,
+)
 from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_LINEAGE, writer_properties
 from oml_dagster_tests.helpers import merge_rows
 
@@ -165,3 +172,128 @@ def test_a_file_without_statistics_may_hold_any_range(tmp_path):
     write_deltalake(uri, data, mode="append", writer_properties=no_stats)
     table = Lake(str(tmp_path)).open(uri)
     assert may_hold(table, "applied_seq", 1_000, 2_000)
+
+
+def _edge_ids_table(uri: str, files: list[list[str]], props=None):
+    """A lineage table with one data file per list of edge ids."""
+    for ids in files:
+        rows = [dict(r, edge_id=e) for r, e in zip(_edges(len(ids)), ids, strict=True)]
+        data = pa.Table.from_pylist(rows, schema=GOLD_LINEAGE.schema)
+        write_deltalake(uri, data, mode="append", writer_properties=props)
+    return Lake(str(uri)).open(uri)
+
+
+# Long ids over a small alphabet: prefixes shared past the 64 characters delta-rs keeps of a
+# string's statistics, so the log's min and max are truncated.
+_LONG_IDS = st.text(alphabet="ab~", min_size=60, max_size=90)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    files=st.lists(st.lists(_LONG_IDS, min_size=1, max_size=6), min_size=1, max_size=4),
+    extra=st.lists(_LONG_IDS, max_size=4),
+    pick=st.data(),
+)
+def test_statistics_never_pass_over_a_file_that_holds_a_value(tmp_path_factory, files, extra, pick):
+    """`may_hold_any` rules a file out only when no wanted value can be in it, whatever the
+    strings (long ones' statistics are truncated), and the lookup that relies on it finds
+    exactly what a filter over the whole table finds."""
+    uri = str(tmp_path_factory.mktemp("stats") / "lineage")
+    table = _edge_ids_table(uri, files)
+    stored = [e for ids in files for e in ids]
+    wanted = set(pick.draw(st.lists(st.sampled_from(stored), max_size=3))) | set(extra)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    by_path = dict(
+        zip(actions["path"].to_pylist(), may_hold_any(actions, {"edge_id": wanted}), strict=True)
+    )
+    for path in by_path:
+        held = set(read_rows_of_file(uri, path)) & wanted
+        if held:
+            assert by_path[path], (path, held)
+    keys = FileKeys()
+    got = keys.rows_with(table, GOLD_LINEAGE, {"edge_id": wanted})
+    assert sorted(r["edge_id"] for r in got) == sorted(e for e in stored if e in wanted)
+
+
+def read_rows_of_file(uri: str, path: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(f"{uri}/{path}", columns=["edge_id"])["edge_id"].to_pylist()
+
+
+def test_statistics_pass_over_files_whose_range_misses_every_value(tmp_path):
+    """Three files with disjoint ranges of ids: a lookup of ids from one of them reads that
+    file's match columns only; a file written without statistics is always read."""
+    uri = str(tmp_path / "lineage")
+    table = _edge_ids_table(uri, [["a1", "a2"], ["m1", "m2"], ["x1", "x2"]])
+    keys = FileKeys()
+    got = keys.rows_with(table, GOLD_LINEAGE, {"edge_id": {"m2", "n0"}})
+    assert [r["edge_id"] for r in got] == ["m2"]
+    assert (keys.read, keys.skipped) == (1, 2)
+
+    no_stats = WriterProperties(
+        default_column_properties=ColumnProperties(statistics_enabled="NONE")
+    )
+    table = _edge_ids_table(uri, [["q1"]], props=no_stats)
+    keys = FileKeys()
+    assert keys.rows_with(table, GOLD_LINEAGE, {"edge_id": {"m2", "q1"}})
+    assert (keys.read, keys.skipped) == (2, 2)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_a_lookup_answered_by_a_query_finds_what_the_files_find(lineage, data):
+    """A lookup of few values over many unread rows goes to the query engine: the same rows as
+    reading the files' match columns, quotes in values included."""
+    table, everything = lineage
+    edge_ids = [r["edge_id"] for r in everything]
+    wanted = set(data.draw(st.lists(st.sampled_from(edge_ids), max_size=40)))
+    wanted |= set(data.draw(st.lists(st.sampled_from(["it's", "x'); DROP", "q"]), max_size=2)))
+    sims = set(data.draw(st.lists(st.sampled_from(["sim-a", "sim-b", "o'b"]), max_size=2)))
+    matches = {"edge_id": wanted, "simulation_id": sims}
+    queried = FileKeys()
+    queried.QUERY_FROM_ROWS = queried.QUERY_ROWS_PER_VALUE = 0
+    got = queried.rows_with(table, GOLD_LINEAGE, matches)
+    assert queried.queried == (1 if wanted or sims else 0) and queried.read == 0
+    read = FileKeys()
+    key = lambda r: r["edge_id"]  # noqa: E731
+    assert sorted(got, key=key) == sorted(read.rows_with(table, GOLD_LINEAGE, matches), key=key)
+    assert read.queried == 0
+
+
+def test_a_lookup_goes_to_a_query_only_for_few_values_over_many_unread_rows(lineage):
+    """The choice between a query and reading match columns: few values and many rows not
+    kept go to the query; many values, or rows whose columns are kept, are read."""
+    table, everything = lineage
+    few = {"edge_id": {everything[0]["edge_id"]}}
+    keys = FileKeys(most_bytes=1 << 20)
+    keys.QUERY_FROM_ROWS, keys.QUERY_ROWS_PER_VALUE = 250, 10
+    assert len(keys.rows_with(table, GOLD_LINEAGE, few)) == 1
+    assert (keys.queried, keys.read) == (1, 0)  # 300 rows unread >= 250 + 10
+    many = {"edge_id": {r["edge_id"] for r in everything[:10]}}
+    assert len(keys.rows_with(table, GOLD_LINEAGE, many)) == 10
+    assert keys.queried == 1 and keys.read > 0  # 300 < 250 + 100: read and kept
+    assert len(keys.rows_with(table, GOLD_LINEAGE, few)) == 1
+    assert keys.queried == 1  # the kept columns answer now
+    fresh = FileKeys()
+    fresh.QUERY_FROM_ROWS = fresh.QUERY_ROWS_PER_VALUE = fresh.QUERY_MOST_VALUES = 0
+    assert len(fresh.rows_with(table, GOLD_LINEAGE, few)) == 1
+    assert fresh.queried == 0  # no query past QUERY_MOST_VALUES
+
+
+def test_a_file_missing_either_bound_or_the_column_s_statistics_may_hold_anything():
+    """A file whose min or max is absent (a string too long to truncate upward has no max), or
+    a table whose log keeps no statistics of the column, rules nothing out."""
+    actions = pa.table(
+        {
+            "path": ["a", "b", "c", "d"],
+            "min.edge_id": ["a", None, "m", None],
+            "max.edge_id": [None, "c", "n", None],
+        }
+    )
+    assert may_hold_any(actions, {"edge_id": {"x"}}) == [True, True, False, True]
+    assert may_hold_any(actions, {"edge_id": {"b"}}) == [True, True, False, True]
+    assert may_hold_any(actions, {"edge_id": set()}) == [False] * 4
+    assert may_hold_any(actions, {"simulation_id": {"x"}}) == [True] * 4

@@ -4,6 +4,7 @@ off, and by a probe of the store itself before the first table is opened (decisi
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import uuid
@@ -321,33 +322,64 @@ class FileKeys:
     costs about a millisecond per file (ADR 0036). The kept columns are bounded by
     `most_bytes`: past it the least recently used go."""
 
+    # A lookup of few values in files whose match columns are not kept goes to the query
+    # engine as an IN list instead: it prunes by statistics and reads in parallel (a 1M-row
+    # table: 44 ms for 10 values, 236 ms for 1,000), where reading every key column costs
+    # about 0.3 us a row plus ~2 ms a file (ADR 0043). Past some thousands of values the IN
+    # list itself is the cost (ADR 0029).
+    QUERY_MOST_VALUES = 1_000
+    QUERY_FROM_ROWS = 20_000
+    QUERY_ROWS_PER_VALUE = 500
+
     def __init__(self, storage_options: Mapping[str, str] | None = None, most_bytes: int = 0):
         self.storage_options = dict(storage_options or {})
         self.most_bytes = most_bytes
         self._kept: OrderedDict[tuple[str, str, tuple[str, ...]], pa.Table] = OrderedDict()
         self._bytes = 0
         self.read = 0  # files whose match columns were read (not kept from a lookup before)
+        self.skipped = 0  # files passed over by their statistics (no match can be in them)
+        self.queried = 0  # lookups answered by a query instead (few values, many rows unread)
 
     def rows_with(
         self, table: DeltaTable, spec: TableSpec, matches: Mapping[str, Collection[str]]
     ) -> list[dict]:
         """Rows of `table` whose value in one of the `matches` columns is among that column's
-        strings, as dicts cast to the spec's types. Not an SQL `IN` list: the query engine plans
-        one of tens of thousands of values in seconds, and past about 25,000 values overflows
-        the calling thread's stack (a segfault in delta-rs; docs/decisions/0029)."""
+        strings, as dicts cast to the spec's types. Files whose statistics rule every value out
+        are passed over. A lookup of many values reads the files' match columns, not an SQL
+        `IN` list: the query engine plans one of tens of thousands of values in seconds, and
+        past about 25,000 values overflows the calling thread's stack (a segfault in delta-rs;
+        docs/decisions/0029). A lookup of few values that would read many rows' match columns
+        afresh is such a query (`QUERY_MOST_VALUES`)."""
         if spec.partition_by:
             raise ValueError(f"{spec.name} is partitioned: rows_with reads unpartitioned tables")
         wanted = {c: pa.array(sorted(v), pa.string()) for c, v in matches.items() if v}
         if not wanted:
             return []
         columns = tuple(sorted(wanted))
-        files = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
-        sizes = {f["path"]: f["size_bytes"] for f in files}
+        files = pa.table(table.get_add_actions(flatten=True))
+        sizes = dict(zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True))
+        maybe = may_hold_any(files, matches)
+        values = sum(len(v) for v in wanted.values())
+        if values <= self.QUERY_MOST_VALUES:
+            unread = sum(
+                rows or 0
+                for path, rows, hit in zip(
+                    sizes, files["num_records"].to_pylist(), maybe, strict=True
+                )
+                if hit and (table.table_uri, path, columns) not in self._kept
+            )
+            if unread >= self.QUERY_FROM_ROWS + self.QUERY_ROWS_PER_VALUE * values:
+                self.queried += 1
+                where = " OR ".join(sql_in(c, v.to_pylist()) for c, v in wanted.items())
+                return read_rows(table, spec, where)
         filesystem = pafs.PyFileSystem(
             DeltaStorageHandler(table.table_uri, self.storage_options or None, sizes)
         )
         found = []
-        for path in sizes:
+        for path, hit in zip(sizes, maybe, strict=True):
+            if not hit:
+                self.skipped += 1
+                continue
             keys = self._columns(table.table_uri, filesystem, path, columns)
             mask = None
             for column, values in wanted.items():
@@ -390,6 +422,32 @@ def rows_with(
     """`FileKeys.rows_with` with nothing kept: every file's match columns are read (a local
     table's; the writer's lookups go through `OpenTables.keys`, which knows the lake's store)."""
     return FileKeys().rows_with(table, spec, matches)
+
+
+def may_hold_any(files: pa.Table, matches: Mapping[str, Collection[str]]) -> list[bool]:
+    """For each data file in `files` (a table's flattened add actions), whether its log
+    statistics leave room for one of the `matches`: a value of a column among that column's
+    strings, within the file's min and max. A file without a column's statistics may hold
+    anything. delta-rs truncates long string statistics to a prefix (the min) and to a prefix
+    with its last character raised (the max), so the range still bounds every value."""
+    maybe = [False] * files.num_rows
+    for column, values in matches.items():
+        if not values:
+            continue
+        if f"min.{column}" not in files.column_names or f"max.{column}" not in files.column_names:
+            return [True] * files.num_rows
+        ordered = sorted(values)
+        lows = files[f"min.{column}"].to_pylist()
+        highs = files[f"max.{column}"].to_pylist()
+        for i, (low, high) in enumerate(zip(lows, highs, strict=True)):
+            if maybe[i]:
+                continue
+            if low is None or high is None:
+                maybe[i] = True
+                continue
+            first = bisect.bisect_left(ordered, low)
+            maybe[i] = first < len(ordered) and ordered[first] <= high
+    return maybe
 
 
 def may_hold(table: DeltaTable, column: str, low: int, high: int) -> bool:
