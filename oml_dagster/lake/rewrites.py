@@ -14,7 +14,8 @@ from . import queries
 from .tables import TableSpec, writer_properties
 
 # Compaction on the way (ADR 0033): every SMALL_FILES_EVERY versions of a table the writer
-# commits to, the files below SMALL_FILE_TARGET are bin-packed into files of about that size. A
+# commits to, the files below the table's target (its `target_file_size`, else
+# SMALL_FILE_TARGET) are bin-packed into files of about that size. A
 # standing shard run commits a tenant's micro-batches every few seconds, one small file each, and
 # the writer's per-batch cost grows with the files it must look through (key scans, datasets,
 # MERGE planning); the daily bin-pack alone would let thousands pile up. Files at the target or
@@ -62,12 +63,13 @@ def compact_small_files(
     name: str,
     hooks: PostCommitHookProperties | None,
 ) -> int | None:
-    """Bin-pack the table's files below SMALL_FILE_TARGET when its version is a multiple of
-    SMALL_FILES_EVERY: the number of files replaced (0: nothing to do, no commit), or None when
-    it was left for later — another rewrite of the table holds its lock, or the table moved
-    past `table`'s version (the handle is then at the latest version). Like every rewrite it
-    carries no app transaction and passes the writer's Parquet settings. A concurrent MERGE of
-    files it read makes it raise CommitFailedError."""
+    """Bin-pack the table's files below its target size (`spec.target_file_size`, else
+    SMALL_FILE_TARGET: the tables retracts rewrite keep their smaller files) when its version is
+    a multiple of SMALL_FILES_EVERY: the number of files replaced (0: nothing to do, no commit),
+    or None when it was left for later — another rewrite of the table holds its lock, or the
+    table moved past `table`'s version (the handle is then at the latest version). Like every
+    rewrite it carries no app transaction and passes the writer's Parquet settings. A
+    concurrent MERGE of files it read makes it raise CommitFailedError."""
     if table.version() % SMALL_FILES_EVERY:
         return 0
     with rewrite_lock(conn, tenant_id, name, wait=False) as held:
@@ -78,7 +80,7 @@ def compact_small_files(
         if table.version() != version:
             return None
         metrics = table.optimize.compact(
-            target_size=SMALL_FILE_TARGET,
+            target_size=spec.target_file_size or SMALL_FILE_TARGET,
             writer_properties=writer_properties(spec),
             # "compact" is maintenance.COMPACT (maintenance imports this module).
             commit_properties=maintenance_commit(tenant_id, "compact", trigger="writer"),
