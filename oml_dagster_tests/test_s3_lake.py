@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from oml_dagster.lake.drain import drain
+from oml_dagster.lake.storage import FileKeys
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
 from oml_dagster_tests.test_commit_fence import mixed_workload
@@ -52,4 +53,34 @@ def test_two_writers_racing_on_s3(conn, dsn, lake, tenant, s3_lake):
     bronze = LakeView(s3_lake, tenant.tenant_id).bronze
     assert len(bronze) == len({r["journal_seq"] for r in bronze})
     drain(conn, lake, [tenant.tenant_id], until_idle=True)
+    assert lake_snapshot(s3_lake, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
+
+
+def test_lookups_by_query_on_s3_give_the_lake_lookups_by_reading_give(
+    conn, lake, tenant, s3_lake, monkeypatch
+):
+    """Every lookup of the drain into S3 goes to the query engine (ADR 0043), every lookup of
+    the drain into the local lake reads the files' match columns: the same tables."""
+    mixed_workload(conn, tenant)
+    queried: list[int] = []
+    rows_with = FileKeys.rows_with
+
+    def counting(self, table, spec, matches):
+        before = self.queried
+        found = rows_with(self, table, spec, matches)
+        if any(matches.values()):
+            queried.append(self.queried - before)
+        return found
+
+    monkeypatch.setattr(FileKeys, "rows_with", counting)
+    monkeypatch.setattr(FileKeys, "QUERY_FROM_ROWS", 0)
+    monkeypatch.setattr(FileKeys, "QUERY_ROWS_PER_VALUE", 0)
+    config = WriterConfig(max_batch=9, txn_lag_limit=4)
+    drain(conn, s3_lake, [tenant.tenant_id], until_idle=True, config=config)
+    assert queried and set(queried) == {1}  # each lookup one query
+
+    monkeypatch.setattr(FileKeys, "QUERY_MOST_VALUES", 0)
+    queried.clear()
+    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=config)
+    assert queried and set(queried) == {0}
     assert lake_snapshot(s3_lake, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)

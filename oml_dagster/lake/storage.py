@@ -361,11 +361,14 @@ class FileKeys:
         maybe = may_hold_any(files, matches)
         values = sum(len(v) for v in wanted.values())
         if values <= self.QUERY_MOST_VALUES:
+            counts = (
+                files["num_records"].to_pylist()
+                if "num_records" in files.column_names
+                else [None] * files.num_rows
+            )
             unread = sum(
-                rows or 0
-                for path, rows, hit in zip(
-                    sizes, files["num_records"].to_pylist(), maybe, strict=True
-                )
+                rows or 0  # a file without a row count counts for none
+                for path, rows, hit in zip(sizes, counts, maybe, strict=True)
                 if hit and (table.table_uri, path, columns) not in self._kept
             )
             if unread >= self.QUERY_FROM_ROWS + self.QUERY_ROWS_PER_VALUE * values:
