@@ -10,7 +10,7 @@ import uuid
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from oml_dagster.lake import maintenance
+from oml_dagster.lake import maintenance, rewrites
 from oml_dagster.lake.storage import read_rows, tenant_tables
 from oml_dagster.lake.tables import (
     CORE_TABLES,
@@ -94,3 +94,49 @@ def test_a_drifted_file_size_property_is_restored_by_maintenance(conn, lake, ten
     (updated,) = [r for r in results if r.operation == maintenance.PROPERTIES]
     assert updated.table == SILVER_CLAIMS.name and PROPERTY in updated.detail
     assert lake.open(uri).metadata().configuration[PROPERTY] == str(REWRITE_TARGET_FILE_SIZE)
+
+
+def test_the_writer_s_packing_keeps_silver_at_its_target_size(conn, lake, tenant, monkeypatch):
+    """The packing on the way bin-packs silver's small files into files of silver's own target,
+    not the larger target of the other tables: what it packs stays as cheap to retract."""
+    small_batches(conn, lake, tenant, claims=3, days=1)
+    silver_uri = lake.table_uri(tenant.tenant_id, SILVER_CLAIMS)
+    silver = lake.open(silver_uri)
+    template = read_rows(silver, SILVER_CLAIMS)[0]
+    rng = random.Random(12)
+    body = 1024
+    per_append = REWRITE_TARGET_FILE_SIZE // 4 // body
+    for _ in range(12):  # three targets' worth, in files of a quarter target
+        bulk = pa.Table.from_pylist(
+            [
+                dict(
+                    template,
+                    artifact_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                    claim_key=new_id(),
+                    body_ciphertext=rng.randbytes(body),
+                )
+                for _ in range(per_append)
+            ],
+            schema=SILVER_CLAIMS.schema,
+        )
+        write_deltalake(
+            silver,
+            bulk,
+            mode="append",
+            writer_properties=maintenance.writer_properties(SILVER_CLAIMS),
+        )
+    silver = lake.open(silver_uri)
+    rows_before = silver.count()
+    files_before = len(silver.file_uris())
+    monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 1)
+
+    replaced = rewrites.compact_small_files(
+        conn, silver, SILVER_CLAIMS, tenant.tenant_id, SILVER_CLAIMS.name, None
+    )
+
+    silver = lake.open(silver_uri)
+    sizes = [a["size_bytes"] for a in pa.table(silver.get_add_actions(flatten=True)).to_pylist()]
+    assert replaced and replaced >= 12 and len(sizes) < files_before, (replaced, sizes)
+    assert len(sizes) >= 3 and max(sizes) <= 1.5 * REWRITE_TARGET_FILE_SIZE, sizes
+    assert rewrites.SMALL_FILE_TARGET > 1.5 * REWRITE_TARGET_FILE_SIZE  # what would be wrong
+    assert silver.count() == rows_before  # packed, nothing lost or doubled
