@@ -352,14 +352,15 @@ class FileKeys:
         afresh is such a query (`QUERY_MOST_VALUES`)."""
         if spec.partition_by:
             raise ValueError(f"{spec.name} is partitioned: rows_with reads unpartitioned tables")
-        wanted = {c: pa.array(sorted(v), pa.string()) for c, v in matches.items() if v}
-        if not wanted:
+        ordered = {c: sorted(v) for c, v in matches.items() if v}
+        if not ordered:
             return []
+        wanted = {c: pa.array(v, pa.string()) for c, v in ordered.items()}
         columns = tuple(sorted(wanted))
         files = pa.table(table.get_add_actions(flatten=True))
         sizes = dict(zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True))
-        maybe = may_hold_any(files, matches)
-        values = sum(len(v) for v in wanted.values())
+        maybe = may_hold_any(files, ordered)
+        values = sum(len(v) for v in ordered.values())
         if values <= self.QUERY_MOST_VALUES:
             counts = (
                 files["num_records"].to_pylist()
@@ -373,7 +374,7 @@ class FileKeys:
             )
             if unread >= self.QUERY_FROM_ROWS + self.QUERY_ROWS_PER_VALUE * values:
                 self.queried += 1
-                where = " OR ".join(sql_in(c, v.to_pylist()) for c, v in wanted.items())
+                where = " OR ".join(sql_in(c, v) for c, v in ordered.items())
                 return read_rows(table, spec, where)
         filesystem = pafs.PyFileSystem(
             DeltaStorageHandler(table.table_uri, self.storage_options or None, sizes)
@@ -439,7 +440,7 @@ def may_hold_any(files: pa.Table, matches: Mapping[str, Collection[str]]) -> lis
             continue
         if f"min.{column}" not in files.column_names or f"max.{column}" not in files.column_names:
             return [True] * files.num_rows
-        ordered = sorted(values)
+        ordered = sorted(values)  # linear when the caller passes them sorted
         lows = files[f"min.{column}"].to_pylist()
         highs = files[f"max.{column}"].to_pylist()
         for i, (low, high) in enumerate(zip(lows, highs, strict=True)):
