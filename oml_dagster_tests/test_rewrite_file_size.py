@@ -23,6 +23,28 @@ from oml_dagster_tests.helpers import drain_all, new_id
 from oml_dagster_tests.test_maintenance import commit_actions, small_batches
 
 PROPERTY = "delta.targetFileSize"
+BODY = 1024  # bytes of incompressible ciphertext per bulk claim
+
+
+def append_claims(silver, rng: random.Random, rows: int) -> None:
+    """Appends `rows` copies of silver's first row as new claims with random bodies of BODY
+    bytes, in one file, with the writer's Parquet settings."""
+    template = read_rows(silver, SILVER_CLAIMS)[0]
+    bulk = pa.Table.from_pylist(
+        [
+            dict(
+                template,
+                artifact_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                claim_key=new_id(),
+                body_ciphertext=rng.randbytes(BODY),
+            )
+            for _ in range(rows)
+        ],
+        schema=SILVER_CLAIMS.schema,
+    )
+    write_deltalake(
+        silver, bulk, mode="append", writer_properties=maintenance.writer_properties(SILVER_CLAIMS)
+    )
 
 
 def test_silver_and_curated_carry_the_rewrite_file_size(conn, lake, tenant):
@@ -45,25 +67,7 @@ def test_zorder_and_a_retract_keep_files_at_the_target_size(conn, lake, tenant):
     made = small_batches(conn, lake, tenant, claims=6, days=1)
     silver_uri = lake.table_uri(tenant.tenant_id, SILVER_CLAIMS)
     silver = lake.open(silver_uri)
-    template = read_rows(silver, SILVER_CLAIMS)[0]
-    rng = random.Random(11)
-    body = 1024
-    rows = int(2.5 * REWRITE_TARGET_FILE_SIZE) // body
-    bulk = pa.Table.from_pylist(
-        [
-            dict(
-                template,
-                artifact_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
-                claim_key=new_id(),
-                body_ciphertext=rng.randbytes(body),
-            )
-            for _ in range(rows)
-        ],
-        schema=SILVER_CLAIMS.schema,
-    )
-    write_deltalake(
-        silver, bulk, mode="append", writer_properties=maintenance.writer_properties(SILVER_CLAIMS)
-    )
+    append_claims(silver, random.Random(11), int(2.5 * REWRITE_TARGET_FILE_SIZE) // BODY)
 
     (zordered,) = [
         r for r in maintenance.zorder(conn, lake, tenant.tenant_id) if r.table == SILVER_CLAIMS.name
@@ -102,29 +106,9 @@ def test_the_writer_s_packing_keeps_silver_at_its_target_size(conn, lake, tenant
     small_batches(conn, lake, tenant, claims=3, days=1)
     silver_uri = lake.table_uri(tenant.tenant_id, SILVER_CLAIMS)
     silver = lake.open(silver_uri)
-    template = read_rows(silver, SILVER_CLAIMS)[0]
     rng = random.Random(12)
-    body = 1024
-    per_append = REWRITE_TARGET_FILE_SIZE // 4 // body
     for _ in range(12):  # three targets' worth, in files of a quarter target
-        bulk = pa.Table.from_pylist(
-            [
-                dict(
-                    template,
-                    artifact_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
-                    claim_key=new_id(),
-                    body_ciphertext=rng.randbytes(body),
-                )
-                for _ in range(per_append)
-            ],
-            schema=SILVER_CLAIMS.schema,
-        )
-        write_deltalake(
-            silver,
-            bulk,
-            mode="append",
-            writer_properties=maintenance.writer_properties(SILVER_CLAIMS),
-        )
+        append_claims(silver, rng, REWRITE_TARGET_FILE_SIZE // 4 // BODY)
     silver = lake.open(silver_uri)
     rows_before = silver.count()
     files_before = len(silver.file_uris())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import ColumnProperties, WriterProperties, write_deltalake
 from hypothesis import HealthCheck, given, settings
@@ -207,7 +208,7 @@ def test_statistics_never_pass_over_a_file_that_holds_a_value(tmp_path_factory, 
         zip(actions["path"].to_pylist(), may_hold_any(actions, {"edge_id": wanted}), strict=True)
     )
     for path in by_path:
-        held = set(read_rows_of_file(uri, path)) & wanted
+        held = set(_edge_ids_of_file(uri, path)) & wanted
         if held:
             assert by_path[path], (path, held)
     keys = FileKeys()
@@ -215,9 +216,7 @@ def test_statistics_never_pass_over_a_file_that_holds_a_value(tmp_path_factory, 
     assert sorted(r["edge_id"] for r in got) == sorted(e for e in stored if e in wanted)
 
 
-def read_rows_of_file(uri: str, path: str) -> list[str]:
-    import pyarrow.parquet as pq
-
+def _edge_ids_of_file(uri: str, path: str) -> list[str]:
     return pq.read_table(f"{uri}/{path}", columns=["edge_id"])["edge_id"].to_pylist()
 
 
