@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import ColumnProperties, WriterProperties
+from deltalake import BloomFilterProperties, ColumnProperties, WriterProperties
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 ATTACHMENT = pa.struct(
@@ -39,6 +39,11 @@ CHECKPOINT_INTERVAL = 100
 # compaction and Z-order all read it from the table property `delta.targetFileSize`; the
 # writer's packing on the way passes it.
 REWRITE_TARGET_FILE_SIZE = 2 * 2**20
+# Parquet bloom filters on the columns the writer looks rows up by (`TableSpec.lookup_columns`,
+# decision 0044): sized for the rows of one REWRITE_TARGET_FILE_SIZE file (about 5,000 claims
+# with 256-byte bodies) with room to spare; about 32 KiB a file.
+LOOKUP_BLOOM_FPP = 0.01
+LOOKUP_BLOOM_NDV = 16_384
 
 
 # The spec's Delta types and the Arrow type each is written as (spec: "Type conventions"). List
@@ -99,6 +104,10 @@ class TableSpec:
     # Columns holding ciphertext: no Parquet statistics, no Delta log statistics.
     body_columns: tuple[str, ...] = ()
     zorder_by: tuple[str, ...] = field(default=())
+    # Columns a retract finds its rows by when the clustering does not narrow them: each data
+    # file carries a Parquet bloom filter on them, so the query engine passes over the files
+    # whose statistics admit a value they do not hold.
+    lookup_columns: tuple[str, ...] = ()
     # `delta.targetFileSize` in bytes (None: delta-rs's default, about 100 MiB).
     target_file_size: int | None = None
     # Each column's meaning as the spec states it ("" where it states none).
@@ -127,15 +136,12 @@ class TableSpec:
 
 def writer_properties(spec: TableSpec) -> WriterProperties:
     """Parquet settings for every write, MERGE and rewrite of the table: no statistics for body
-    columns. Compression is named explicitly: WriterProperties without it writes uncompressed
-    files."""
-    return WriterProperties(
-        compression="SNAPPY",
-        column_properties={
-            c: ColumnProperties(statistics_enabled="NONE") for c in spec.body_columns
-        }
-        or None,
-    )
+    columns, a bloom filter on lookup columns. Compression is named explicitly:
+    WriterProperties without it writes uncompressed files."""
+    columns = {c: ColumnProperties(statistics_enabled="NONE") for c in spec.body_columns}
+    bloom = BloomFilterProperties(True, fpp=LOOKUP_BLOOM_FPP, ndv=LOOKUP_BLOOM_NDV)
+    columns |= {c: ColumnProperties(bloom_filter_properties=bloom) for c in spec.lookup_columns}
+    return WriterProperties(compression="SNAPPY", column_properties=columns or None)
 
 
 BRONZE_EVENTS = TableSpec(
@@ -152,6 +158,7 @@ SILVER_CLAIMS = TableSpec(
     merge_key=("artifact_id", "version"),
     body_columns=("body_ciphertext",),
     zorder_by=("workarea_id", "artifact_id"),
+    lookup_columns=("artifact_id",),
     target_file_size=REWRITE_TARGET_FILE_SIZE,
 )
 

@@ -1,0 +1,92 @@
+"""Bloom filters on the columns the writer looks rows up by (decision 0044): a retract names
+claims by artifact_id alone, and after a Z-order on (workarea_id, artifact_id) the statistics of
+many files admit any one artifact; each file's bloom filter on artifact_id lets the query
+engine pass over those that do not hold it without reading their rows."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import QueryBuilder
+
+from oml_dagster.lake import maintenance
+from oml_dagster.lake.storage import read_rows, sql_in, tenant_tables
+from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster_tests.test_maintenance import small_batches
+from oml_dagster_tests.test_rewrite_file_size import append_claims
+
+
+def bloomed_columns(lake, uri: str) -> dict[str, set[str]]:
+    """Per live data file of the table, the columns whose chunks carry a bloom filter in every
+    row group."""
+    table = lake.open(uri)
+    found = {}
+    for path in table.file_uris():
+        meta = pq.ParquetFile(path).metadata
+        columns = set(meta.schema.names)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            chunks = (group.column(c) for c in range(group.num_columns))
+            columns &= {
+                c.path_in_schema for c in chunks if c.bloom_filter_offset and c.bloom_filter_length
+            }
+        found[path] = columns
+    return found
+
+
+def check_blooms(lake, tenant_id: str, stage: str) -> set[str]:
+    seen = set()
+    for name, spec, uri in tenant_tables(lake, tenant_id):
+        files = bloomed_columns(lake, uri)
+        assert files, f"{stage}: {name} has no live files"
+        for path, columns in files.items():
+            assert columns == set(spec.lookup_columns), f"{stage}: {path} blooms {columns}"
+        seen.add(spec.name)
+    return seen
+
+
+def test_every_file_of_the_retracted_tables_carries_the_lookup_bloom(conn, lake, tenant):
+    """Drained appends, the claim MERGEs, a demote in a validated area (silver and curated),
+    the writer's packing on the way, maintenance's Z-order and compaction: every live file of
+    silver and curated carries a bloom filter on artifact_id and on nothing else; the
+    other tables carry none."""
+    small_batches(conn, lake, tenant, claims=6)
+    seen = check_blooms(lake, tenant.tenant_id, "drained")
+    assert {SILVER_CLAIMS.name, GOLD_CURATED.name} <= seen
+    assert SILVER_CLAIMS.lookup_columns == ("artifact_id",) == GOLD_CURATED.lookup_columns
+    rewritten = {r.table for r in maintenance.zorder(conn, lake, tenant.tenant_id)}
+    assert SILVER_CLAIMS.name in rewritten
+    check_blooms(lake, tenant.tenant_id, "z-ordered")
+    small_batches(conn, lake, tenant, claims=4)
+    maintenance.compact(conn, lake, tenant.tenant_id)
+    check_blooms(lake, tenant.tenant_id, "drained again and compacted")
+
+
+def test_a_lookup_passes_over_files_whose_statistics_admit_the_artifact(conn, lake, tenant):
+    """Three files of random artifact ids: each file's min/max spans nearly the whole range, so
+    the statistics admit one artifact in all of them; the bloom filters leave only the file that
+    holds it to be read."""
+    small_batches(conn, lake, tenant, claims=3)
+    table = lake.open(lake.table_uri(tenant.tenant_id, SILVER_CLAIMS))
+    rng = random.Random(7)
+    for _ in range(3):
+        append_claims(table, rng, 400)
+        table.update_incremental()
+    wanted = read_rows(table, SILVER_CLAIMS)[-1]["artifact_id"]
+    plan = pa.table(
+        QueryBuilder()
+        .register("t", table)
+        .execute(
+            f"EXPLAIN ANALYZE SELECT artifact_id FROM t WHERE {sql_in('artifact_id', [wanted])}"
+        )
+        .read_all()
+    )
+    text = "\n".join(plan.column("plan").to_pylist())
+    stats = re.search(r"row_groups_pruned_statistics=(\d+) total → (\d+) matched", text)
+    bloom = re.search(r"row_groups_pruned_bloom_filter=(\d+) total → (\d+) matched", text)
+    assert stats and bloom, text
+    assert int(stats.group(2)) >= 3, f"the statistics already ruled the files out: {text}"
+    assert int(bloom.group(1)) == int(stats.group(2)) and int(bloom.group(2)) == 1, text
