@@ -9,6 +9,11 @@ the drain runs for every retract.
     .venv/bin/python bench/retract_bench.py --sizes 100000 1000000 5000000
     .venv/bin/python bench/retract_bench.py --sizes 20000 100000 --rounds 2   # quick
 
+Workarea ids are random UUIDs, as the product's are (`--area-ids counted` writes the ids
+this benchmark used before 4 Dec, UUID(1) to UUID(50): they differ only in their last
+characters, which delta-rs's Z-order key (the first 16 bytes of a value) never sees, so the
+Z-order clustered by artifact_id alone and looked better than real ids allow).
+
 Per size: the drain batch time (median over the rounds of each kind), the MERGE's own
 execution time and the files it rewrote, from the Delta commit's operationMetrics, against
 the claims it touched. The ratio t(largest)/t(smallest) is the figure (target: at most 1.5x);
@@ -54,10 +59,20 @@ CLAIMS_PER_ROUND = 10
 WORKAREAS = 50
 
 
-def claim_rows(tenant_id: str, start: int, n: int, rng: random.Random, body_bytes: int):
-    """`n` promoted silver rows in the table's schema; returns the table and its artifact ids."""
+def area_ids(kind: str) -> list[str]:
+    """The tenant's WORKAREAS workarea ids: random UUIDs (seeded), or counted ones."""
+    if kind == "counted":
+        return [str(uuid.UUID(int=1 + i, version=4)) for i in range(WORKAREAS)]
+    rng = random.Random("workareas")
+    return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(WORKAREAS)]
+
+
+def claim_rows(
+    tenant_id: str, start: int, n: int, rng: random.Random, body_bytes: int, areas: list[str]
+):
+    """`n` promoted silver rows in the table's schema, in `areas`; returns the table and its
+    artifact ids."""
     artifacts = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(n)]
-    areas = [str(uuid.UUID(int=1 + i, version=4)) for i in range(WORKAREAS)]
     area_of = [rng.randrange(WORKAREAS) for _ in range(n)]
     body = os.urandom(body_bytes * n)
     at = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
@@ -101,6 +116,7 @@ def build_lake(
     chunk: int,
     body_bytes: int,
     seed: int,
+    areas: list[str],
 ):
     """The tenant's core tables: silver with `n` claims, Z-ordered; the others empty."""
     rng = random.Random(seed)
@@ -121,7 +137,7 @@ def build_lake(
     uri = lake.table_uri(tenant_id, SILVER_CLAIMS)
     artifacts: list[str] = []
     for start in range(0, n, chunk):
-        data, ids = claim_rows(tenant_id, start + 1, min(chunk, n - start), rng, body_bytes)
+        data, ids = claim_rows(tenant_id, start + 1, min(chunk, n - start), rng, body_bytes, areas)
         artifacts += ids
         write_deltalake(
             uri,
@@ -207,7 +223,14 @@ def bench_size(n: int, args: argparse.Namespace, profile: bool) -> dict:
         lake = Lake(os.path.join(tmp, "oml-lake"))
         started = time.perf_counter()
         artifacts, zordered, zorder_s = build_lake(
-            conn, lake, keys.tenant_id, n, args.chunk, args.body_bytes, args.seed
+            conn,
+            lake,
+            keys.tenant_id,
+            n,
+            args.chunk,
+            args.body_bytes,
+            args.seed,
+            area_ids(args.area_ids),
         )
         built = time.perf_counter() - started
         table = lake.open(lake.table_uri(keys.tenant_id, SILVER_CLAIMS))
@@ -266,6 +289,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=50_000, help="rows per building append")
     parser.add_argument("--body-bytes", type=int, default=256, help="ciphertext per claim")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--area-ids", choices=("random", "counted"), default="random", help="workarea ids"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the last round")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -283,11 +309,13 @@ def main() -> None:
     summary = {
         "machine": machine(),
         "claims_per_round": CLAIMS_PER_ROUND,
+        "area_ids": args.area_ids,
         "results": results,
         "ratio_drain": high["drain_median_s"] / low["drain_median_s"],
         "ratio_merge": high["merge_median_ms"] / max(low["merge_median_ms"], 1e-9),
     }
     print(summary["machine"])
+    print(f"workarea ids: {args.area_ids} ({WORKAREAS} workareas)")
     for r in results:
         print(
             f"{r['rows']:>9,} rows, {r['files_after_zorder']} files after Z-order"
