@@ -57,7 +57,8 @@ def test_every_file_of_the_retracted_tables_carries_the_lookup_bloom(conn, lake,
     seen = check_blooms(lake, tenant.tenant_id, "drained")
     assert {SILVER_CLAIMS.name, GOLD_CURATED.name} <= seen
     assert SILVER_CLAIMS.lookup_columns == ("artifact_id",) == GOLD_CURATED.lookup_columns
-    rewritten = {r.table for r in maintenance.zorder(conn, lake, tenant.tenant_id)}
+    zordered = maintenance.zorder(conn, lake, tenant.tenant_id)
+    rewritten = {r.table for r in zordered if r.action == "rewrote"}
     assert SILVER_CLAIMS.name in rewritten
     check_blooms(lake, tenant.tenant_id, "z-ordered")
     small_batches(conn, lake, tenant, claims=4)
