@@ -40,8 +40,9 @@ CHECKPOINT_INTERVAL = 100
 # writer's packing on the way passes it.
 REWRITE_TARGET_FILE_SIZE = 2 * 2**20
 # Parquet bloom filters on the columns the writer looks rows up by (`TableSpec.lookup_columns`,
-# decision 0044): sized for the rows of one REWRITE_TARGET_FILE_SIZE file (about 5,000 claims
-# with 256-byte bodies) with room to spare; about 32 KiB a file.
+# decision 0044). NDV bounds the rows of one REWRITE_TARGET_FILE_SIZE file (about 5,000 claims
+# with 256-byte bodies) with room to spare; the writer shrinks each filter to the values its file
+# holds, about 8 KiB for such a file.
 LOOKUP_BLOOM_FPP = 0.01
 LOOKUP_BLOOM_NDV = 16_384
 
