@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -127,6 +128,15 @@ def split_checkpoint(table_uri: str, parts: int) -> int:
     single.unlink()
     (log / "_last_checkpoint").write_text(json.dumps({"version": version, "parts": parts}))
     return version
+
+
+def column_chunks(path: str) -> Iterator[pq.ColumnChunkMetaData]:
+    """Every column chunk of every row group of the Parquet file at `path`, from its footer."""
+    meta = pq.ParquetFile(path).metadata
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        for column in range(row_group.num_columns):
+            yield row_group.column(column)
 
 
 def holds(content: bytes, needle: bytes) -> bool:

@@ -9,12 +9,12 @@ import random
 import re
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import QueryBuilder
 
 from oml_dagster.lake import maintenance
 from oml_dagster.lake.storage import read_rows, sql_in, tenant_tables
 from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster_tests.helpers import column_chunks
 from oml_dagster_tests.test_maintenance import small_batches
 from oml_dagster_tests.test_rewrite_file_size import append_claims
 
@@ -22,18 +22,15 @@ from oml_dagster_tests.test_rewrite_file_size import append_claims
 def bloomed_columns(lake, uri: str) -> dict[str, set[str]]:
     """Per live data file of the table, the columns whose chunks carry a bloom filter in every
     row group."""
-    table = lake.open(uri)
     found = {}
-    for path in table.file_uris():
-        meta = pq.ParquetFile(path).metadata
-        columns = set(meta.schema.names)
-        for g in range(meta.num_row_groups):
-            group = meta.row_group(g)
-            chunks = (group.column(c) for c in range(group.num_columns))
-            columns &= {
-                c.path_in_schema for c in chunks if c.bloom_filter_offset and c.bloom_filter_length
-            }
-        found[path] = columns
+    for path in lake.open(uri).file_uris():
+        chunks = list(column_chunks(path))
+        unfiltered = {
+            c.path_in_schema
+            for c in chunks
+            if not (c.bloom_filter_offset and c.bloom_filter_length)
+        }
+        found[path] = {c.path_in_schema for c in chunks} - unfiltered
     return found
 
 
