@@ -1,6 +1,8 @@
-"""`oml-lake`: the lake-writer's command line (DESIGN §2-§3). Environment: OML_PG_DSN,
-OML_LAKE_URI, OML_LAKE_STORAGE_OPTIONS, OML_MAX_BATCH, OML_TXN_LAG_LIMIT,
-OML_ERASURE_CADENCE_SECONDS and the rest of `oml_dagster.settings`."""
+"""`oml-lake`: the lake-writer's command line. Environment: OML_PG_DSN, OML_LAKE_URI,
+OML_LAKE_STORAGE_OPTIONS, OML_MAX_BATCH, OML_TXN_LAG_LIMIT, OML_RETRY_ATTEMPTS,
+OML_RETRY_SECONDS, OML_ERASURE_CADENCE_SECONDS and the rest of `oml_dagster.settings` (the
+README's settings table). An error ends a command with one line naming the cause, the object and
+the remedy, and an exit code of its class (README "Exit codes"); `--debug` adds the traceback."""
 
 from __future__ import annotations
 
@@ -17,15 +19,15 @@ from typing import NoReturn
 
 from . import analytics_cli, maintenance_cli
 from .lake import db, deadletter, sequencer
-from .lake.doctor import DEFAULT_LAG_LIMIT, examine
-from .lake.drain import DrainPass, drain
+from .lake.doctor import DEFAULT_LAG_LIMIT, drained_through, examine
+from .lake.drain import DrainPass, drain_riding_through
 from .lake.erasure import APPLIED, erased_artifacts, erasure_evidence
-from .lake.errors import LakeError
+from .lake.faults import Fault, RetryPolicy, describe
 from .lake.policy import erasure_cadence, known_tenants, lag
 from .lake.reconcile import reconcile
 from .lake.storage import Lake
 from .lake.writer import COMMITS, WriterConfig
-from .settings import writer_batch
+from .settings import DEBUG, retry_bounds, writer_batch
 from .simulate.cli import register as register_simulate
 
 
@@ -78,47 +80,65 @@ def _cadence(hours: float | None) -> dt.timedelta:
     return dt.timedelta(hours=hours) if hours is not None else erasure_cadence()
 
 
+def retry_policy() -> RetryPolicy:
+    """The bound of a streak of transient faults, from OML_RETRY_ATTEMPTS / OML_RETRY_SECONDS."""
+    attempts, seconds = retry_bounds()
+    return RetryPolicy(attempts=attempts, seconds=seconds)
+
+
+def _retrying(fault: Fault, failures: int, wait: float) -> None:
+    print(
+        f"oml-lake: {fault.cause}{f' ({fault.subject})' if fault.subject else ''}; "
+        f"retrying in {wait:.1f}s (fault {failures} in a row)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
     config = _writer_config(args.max_batch)
+    policy = retry_policy()
+    drained: set[str] = set()
 
+    def on_pass(current: DrainPass) -> None:
+        _report_cut(current.sequenced)
+        for batch in current.batches:
+            drained.add(batch.tenant_id)
+            head = f"tenant {batch.tenant_id} batch ({batch.batch_start}, {batch.batch_end}]"
+            _print(f"{head}: {batch.ops} ops, {len(batch.refused)} refused")
+            for t in batch.tables:
+                if t.action in COMMITS:
+                    _print(
+                        f"  {t.table}: {t.action} {t.rows} rows, txn {t.txn_after}, version {t.version}"
+                    )
+            for seq, reason in sorted(batch.refused.items()):
+                _print(f"  dead-lettered seq {seq}: {reason}")
+
+    passes = drain_riding_through(
+        lambda: db.connect(autocommit=True),
+        lake,
+        args.tenant or None,
+        retry=policy,
+        on_retry=_retrying,
+        until_idle=args.until_idle,
+        config=config,
+        on_pass=on_pass,
+    )
+    # The closing lag is what the lake and PostgreSQL say now, not what this process drained:
+    # another writer may have drained on meanwhile.
     with db.connect(autocommit=True) as conn:
-
-        def on_pass(current: DrainPass) -> None:
-            _report_cut(current.sequenced)
-            for batch in current.batches:
-                head = f"tenant {batch.tenant_id} batch ({batch.batch_start}, {batch.batch_end}]"
-                _print(f"{head}: {batch.ops} ops, {len(batch.refused)} refused")
-                for t in batch.tables:
-                    if t.action in COMMITS:
-                        _print(
-                            f"  {t.table}: {t.action} {t.rows} rows, txn {t.txn_after}, version {t.version}"
-                        )
-                for seq, reason in sorted(batch.refused.items()):
-                    _print(f"  dead-lettered seq {seq}: {reason}")
-
-        passes = drain(
-            conn,
-            lake,
-            args.tenant or None,
-            until_idle=args.until_idle,
-            config=config,
-            on_pass=on_pass,
-        )
-        drained = {}
-        for current in passes:
-            for batch in current.batches:
-                drained[batch.tenant_id] = batch.batch_end
-        for tenant_id, through in sorted(drained.items()):
+        for tenant_id in sorted(drained):
+            through = drained_through(lake, tenant_id)
             pending, seconds = lag(conn, tenant_id, through)
             _print(
                 f"lag tenant {tenant_id}: {pending} ops, {seconds:.1f}s (drained through seq {through})"
             )
-        gaps = passes[-1].sequenced.gaps if passes else []
-        for gap in gaps:
-            _print(
-                f"gap tenant {gap.tenant_id}: {gap.waiting_rows} rows wait for journal_seq {gap.missing_journal_seq}"
-            )
+    gaps = passes[-1].sequenced.gaps if passes else []
+    for gap in gaps:
+        _print(
+            f"gap tenant {gap.tenant_id}: {gap.waiting_rows} rows wait for journal_seq {gap.missing_journal_seq}"
+        )
     return 0
 
 
@@ -279,6 +299,11 @@ def _cadence_option(command: argparse.ArgumentParser, what: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oml-lake", description=__doc__)
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="print the traceback under an error's one line (or set OML_DEBUG=1)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     dbp = sub.add_parser("db", help="the Postgres schema").add_subparsers(
@@ -342,13 +367,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _debugging(args: argparse.Namespace) -> bool:
+    try:
+        return args.debug or DEBUG.read()
+    except Exception:  # a bad OML_DEBUG must not hide the error being reported
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except LakeError as error:
-        print(f"oml-lake: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
+    except Exception as error:
+        line, code = describe(error)
+        if _debugging(args):
+            traceback.print_exception(error)
+        print(f"oml-lake: {line}", file=sys.stderr, flush=True)
+        return code
 
 
 def entry() -> NoReturn:

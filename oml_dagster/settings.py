@@ -307,6 +307,29 @@ ZORDER_CRON = _cron_setting(
 VACUUM_CRON = _cron_setting(
     "OML_VACUUM_CRON", "0 4 * * *", "Checkpoint, VACUUM and log cleanup of every table."
 )
+RETRY_ATTEMPTS: Setting[int] = _count_setting(
+    "OML_RETRY_ATTEMPTS",
+    30,
+    1,
+    "Tries a drain makes through one streak of transient faults (a lost PostgreSQL session, an "
+    "object store's 5xx, throttling, resets) before it stops (exit 4); a try that commits a "
+    "batch ends the streak.",
+)
+RETRY_SECONDS = _seconds_setting(
+    "OML_RETRY_SECONDS",
+    300.0,
+    "How long one streak of transient faults is ridden through, from its first fault (backoff "
+    "0.25 s doubling to 15 s, with full jitter); 0: never retry.",
+    zero=True,
+)
+DEBUG: Setting[bool] = Setting(
+    "OML_DEBUG",
+    False,
+    _switch,
+    "1/true/yes/on or 0/false/no/off (unset: off)",
+    "`oml-lake` prints the traceback under its one-line error (as `--debug` does).",
+    shown_default="off",
+)
 ERASURE_CADENCE_SECONDS: Setting[int] = _count_setting(
     "OML_ERASURE_CADENCE_SECONDS",
     86_400,
@@ -338,6 +361,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
     ZORDER_CRON,
     VACUUM_CRON,
     ERASURE_CADENCE_SECONDS,
+    RETRY_ATTEMPTS,
+    RETRY_SECONDS,
+    DEBUG,
 )
 
 # The AWS variables taken as storage options of the lake (OML_LAKE_STORAGE_OPTIONS wins).
@@ -374,6 +400,13 @@ def writer_batch(env: Env | None = None) -> tuple[int, int | None]:
             "limit must stay below the batch"
         )
     return max_batch, lag_limit
+
+
+def retry_bounds(env: Env | None = None) -> tuple[int, float]:
+    """(OML_RETRY_ATTEMPTS, OML_RETRY_SECONDS): the bound of a streak of transient faults; a bound
+    of 0 seconds is one try."""
+    seconds = RETRY_SECONDS.read(env)
+    return (RETRY_ATTEMPTS.read(env) if seconds > 0 else 1), seconds
 
 
 # --- the README's table ---------------------------------------------------------------------------

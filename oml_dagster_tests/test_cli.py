@@ -111,7 +111,8 @@ def test_an_object_store_without_conditional_put_is_refused(dsn, monkeypatch):
         "OML_LAKE_STORAGE_OPTIONS": '{"AWS_S3_ALLOW_UNSAFE_RENAME": "true"}',
     }
     done = oml_lake("drain", env=env, check=False)
-    assert done.returncode == 1 and "UnsupportedObjectStore" in done.stderr
+    assert done.returncode == 3 and "UnsupportedObjectStore" in done.stderr
+    assert done.stderr.strip().count("\n") == 0, done.stderr  # one line, no traceback
 
 
 # `oml-lake` as the console script runs it, with a hook on the interpreter's teardown.
@@ -150,10 +151,10 @@ def test_the_command_s_exit_codes_survive_the_direct_exit(tmp_path):
     usage = _entry("no-such-command")
     assert usage.returncode == 2
     assert "invalid choice: 'no-such-command'" in usage.stderr
-    # A setting the command refuses: exit 1, naming it.
+    # A setting the command refuses: exit 3 (a person must fix it), naming it.
     env = {**os.environ, "OML_MAX_BATCH": "many", "OML_LAKE_URI": str(tmp_path / "oml-lake")}
     refused = _entry("drain", "--until-idle", env=env)
-    assert refused.returncode == 1
+    assert refused.returncode == 3
     assert "OML_MAX_BATCH" in refused.stderr
     # Stopped by Ctrl-C: 130, as a shell reports it.
     interrupt = "def main():\n    raise KeyboardInterrupt\ncli.main = main\ncli.entry()"

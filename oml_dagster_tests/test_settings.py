@@ -39,6 +39,9 @@ BAD = {
     "OML_ZORDER_CRON": "every sunday",
     "OML_VACUUM_CRON": "0 4 * * mon;rm",
     "OML_ERASURE_CADENCE_SECONDS": "1.5",
+    "OML_RETRY_ATTEMPTS": "0",
+    "OML_RETRY_SECONDS": "-5",
+    "OML_DEBUG": "verbose",
 }
 TEXT = {"OML_PG_DSN", "OML_LAKE_URI"}
 
@@ -157,10 +160,10 @@ def test_storage_options_take_the_aws_variables_then_the_json_over_them(monkeypa
         Lake.from_env()
 
 
-def test_the_command_line_names_a_bad_setting_and_exits_1(monkeypatch, tmp_path, capsys):
+def test_the_command_line_names_a_bad_setting_and_exits_3(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("OML_LAKE_URI", str(tmp_path / "lake"))
     monkeypatch.setenv("OML_MAX_BATCH", "lots")
-    assert cli.main(["drain"]) == 1
+    assert cli.main(["drain"]) == 3  # a person must fix it
     err = capsys.readouterr().err
     assert "InvalidSetting: OML_MAX_BATCH='lots': expected an integer >= 2" in err
     assert "Traceback" not in err

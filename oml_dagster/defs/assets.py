@@ -26,7 +26,7 @@ from dagster import (
 )
 
 from oml_dagster.lake import deadletter, queries
-from oml_dagster.lake.drain import DrainPass, drain
+from oml_dagster.lake.drain import DrainPass, drain_riding_through
 from oml_dagster.lake.freshness import tenant_lag
 from oml_dagster.lake.policy import lag
 from oml_dagster.lake.storage import Lake
@@ -41,6 +41,7 @@ from oml_dagster.lake.tables import (
 )
 from oml_dagster.lake.writer import COMMITS, BatchResult, TableOutcome
 
+from .failures import failing_clearly, warn_retry, with_retry
 from .partitions import tenant_partitions
 from .resources import LakeResource, PostgresResource, WriterResource
 
@@ -240,17 +241,30 @@ def lake_tables(
     writer: WriterResource,
 ) -> Iterator[MaterializeResult]:
     tenant_id = context.partition_key
-    store = lake.get_lake()
     cap = writer.drain_seconds()
-    with postgres.connect() as conn:
-        # The core's loop, as `oml-lake drain --until-idle` runs it, for this tenant only; the run
-        # queue's per-partition limit keeps it the tenant's only writer meanwhile. Cap 0: one
-        # sequencing cut and one batch.
-        passes = drain(
-            conn, store, [tenant_id], until_idle=cap > 0, config=writer.config(), max_seconds=cap
+    policy = writer.retry_policy()
+    with failing_clearly():
+        store = with_retry(context, policy, lake.get_lake)
+        # The core's loop, as `oml-lake drain --until-idle` runs it, for this tenant only, riding
+        # through transient faults; the run queue's per-partition limit keeps it the tenant's only
+        # writer meanwhile. Cap 0: one sequencing cut and one batch.
+        passes = drain_riding_through(
+            postgres.connect,
+            store,
+            [tenant_id],
+            retry=policy,
+            on_retry=warn_retry(context),
+            until_idle=cap > 0,
+            config=writer.config(),
+            max_seconds=cap,
         )
         results = [b for p in passes for b in p.batches]
-        metadata = run_metadata(conn, store, results)
+
+        def report() -> dict:
+            with postgres.connect() as conn:
+                return run_metadata(conn, store, results)
+
+        metadata = with_retry(context, policy, report)
     context.log.info(_summary(passes, results, metadata))
     for key in TABLE_OF:
         yield MaterializeResult(asset_key=key, metadata=metadata[key])

@@ -10,6 +10,7 @@ import psycopg
 from dagster import ConfigurableResource
 
 from oml_dagster.lake import db
+from oml_dagster.lake.faults import RetryPolicy
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.settings import (
@@ -27,6 +28,7 @@ from oml_dagster.settings import (
     VACUUM_CRON,
     ZORDER_CRON,
     Env,
+    retry_bounds,
     writer_batch,
 )
 
@@ -47,7 +49,9 @@ class LakeResource(ConfigurableResource):
 
     def get_lake(self) -> Lake:
         lake = Lake.from_env()
-        return Lake(self.uri, lake.storage_options).checked() if self.uri else lake
+        if not self.uri:
+            return lake
+        return Lake(self.uri, lake.storage_options).with_store_defaults().checked()
 
 
 class WriterResource(ConfigurableResource):
@@ -61,6 +65,8 @@ class WriterResource(ConfigurableResource):
     drain_shards: int | None = None
     shard_drain_seconds: float | None = None
     shard_standing: bool | None = None
+    retry_attempts: int | None = None
+    retry_seconds: float | None = None
 
     def shard_run_seconds(self) -> float:
         """How long a shard run keeps draining (ADR 0027); 0: one pass per run."""
@@ -85,6 +91,16 @@ class WriterResource(ConfigurableResource):
         if self.run_drain_seconds is None:
             return RUN_DRAIN_SECONDS.read()
         return RUN_DRAIN_SECONDS.accept(str(self.run_drain_seconds), "run_drain_seconds")
+
+    def retry_policy(self) -> RetryPolicy:
+        """The bound of a streak of transient faults inside a run (OML_RETRY_ATTEMPTS /
+        OML_RETRY_SECONDS unless set here)."""
+        attempts, seconds = retry_bounds()
+        if self.retry_seconds is not None:
+            seconds = self.retry_seconds
+        if self.retry_attempts is not None:
+            attempts = self.retry_attempts
+        return RetryPolicy(attempts=attempts if seconds > 0 else 1, seconds=seconds)
 
     def config(self) -> WriterConfig:
         max_batch, lag_limit = writer_batch()

@@ -32,10 +32,12 @@ from dagster import (
     op,
 )
 
-from oml_dagster.lake.drain import DrainPass, drain
+from oml_dagster.lake.drain import DrainPass, drain_riding_through
+from oml_dagster.lake.faults import describe
 from oml_dagster.lake.writer import BatchResult
 
 from .assets import TABLE_OF, run_metadata
+from .failures import failing_clearly, warn_retry, with_retry
 from .resources import LakeResource, PostgresResource, WriterResource
 
 SHARD_TAG = "oml/shard"
@@ -91,22 +93,26 @@ def drain_shard(
 ) -> None:
     if not 0 <= config.shard < config.shards:
         raise ValueError(f"shard {config.shard} is not one of 0..{config.shards - 1}")
-    store = lake.get_lake()
     cap = writer.shard_run_seconds()
     tag = shard_tag(config.shard, config.shards)
+    policy = writer.retry_policy()
     errors: dict[str, str] = {}
 
     def failed(tenant_id: str, error: Exception) -> None:
         # One broken tenant must not stop its shard: it is left for the rest of the run, the
         # others go on, and the run fails at its end naming it (its freshness check flags it).
-        errors[tenant_id] = f"{type(error).__name__}: {error}"
+        # Transient faults never come here: the drain starts over (`drain_riding_through`).
+        errors[tenant_id] = describe(error)[0]
         context.log.error(f"tenant {tenant_id}: {errors[tenant_id]}")
 
-    with postgres.connect() as conn:
-        report = _Report(context, conn, store)
-        passes = drain(
-            conn,
+    with failing_clearly():
+        store = with_retry(context, policy, lake.get_lake)
+        report = _Report(context, postgres, store, policy)
+        passes = drain_riding_through(
+            postgres.connect,
             store,
+            retry=policy,
+            on_retry=warn_retry(context),
             until_idle=cap > 0,
             config=writer.config(),
             max_seconds=cap,
@@ -138,8 +144,8 @@ class _Report:
     every REPORT_SECONDS of the run and at its end: a long shard run shows its progress in the UI
     as it goes, and the report's cost stays a small part of the run."""
 
-    def __init__(self, context: OpExecutionContext, conn, store):
-        self.context, self.conn, self.store = context, conn, store
+    def __init__(self, context: OpExecutionContext, postgres, store, policy):
+        self.context, self.postgres, self.store, self.policy = context, postgres, store, policy
         self.waiting: dict[str, list[BatchResult]] = {}
         self.tenants: set[str] = set()
         self.flushes = 0
@@ -153,7 +159,7 @@ class _Report:
 
     def flush(self) -> None:
         for tenant_id, results in sorted(self.waiting.items()):
-            metadata = run_metadata(self.conn, self.store, results)
+            metadata = with_retry(self.context, self.policy, lambda r=results: self._metadata(r))
             for key in TABLE_OF:
                 self.context.log_event(
                     AssetMaterialization(asset_key=key, partition=tenant_id, metadata=metadata[key])
@@ -162,6 +168,11 @@ class _Report:
         self.flushes += bool(self.waiting)
         self.waiting = {}
         self.last = time.monotonic()
+
+    def _metadata(self, results: list[BatchResult]) -> dict:
+        # A connection of its own per report: the drain's may have been lost and replaced.
+        with self.postgres.connect() as conn:
+            return run_metadata(conn, self.store, results)
 
 
 @job(

@@ -83,6 +83,17 @@ class TenantHealth:
         }
 
 
+def drained_through(lake: Lake, tenant_id: str) -> int:
+    """The newest batch end any of the tenant's tables records (every batch appends to bronze; a
+    table with nothing to change may lag its txn on purpose); 0 for a tenant with no lake."""
+    txns = []
+    for _, _, uri in tenant_tables(lake, tenant_id):
+        table = lake.open(uri)
+        if table is not None:
+            txns.append(table.transaction_version(APP_ID) or 0)
+    return max(txns, default=0)
+
+
 def examine(
     conn: psycopg.Connection,
     lake: Lake,

@@ -4,6 +4,7 @@ tenant, until idle or a time cap: ADR 0021)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from . import sequencer
+from .faults import Fault, RetryPolicy, is_transient, retrying
 from .fetch import Batch, Fetcher
 from .memory import MemoryGovernor, release_memory
 from .sequencer import SequencerReport
@@ -58,6 +60,7 @@ def drain(
     on_error: Callable[[str, Exception], None] | None = None,
     poll_seconds: float | None = None,
     governor: MemoryGovernor | None = None,
+    on_batch: Callable[[BatchResult], None] | None = None,
 ) -> list[DrainPass]:
     """Run passes until one neither sequences nor applies anything (or just one pass), or until
     a pass ends `max_seconds` after the start (the pass under way always finishes: its batches
@@ -69,7 +72,8 @@ def drain(
     names tenants to leave alone in that pass (another run writes them). With `on_error`, a
     tenant whose batch raises is handed to it with the error and left alone for the rest of
     the drain, so one broken tenant does not stop the others (a shard run); without, the error
-    propagates.
+    propagates. A transient fault (`faults.is_transient`: a lost connection, a store's 5xx)
+    always propagates: it is no tenant's fault, and `drain_riding_through` starts over.
 
     With `poll_seconds` (a standing shard run, ADR 0032) an idle pass does not end the drain,
     which passes again until `max_seconds`, at most once per `poll_seconds`: ops arriving after a
@@ -79,7 +83,7 @@ def drain(
 
     Each batch takes at most `config.max_batch` ops, fewer when the memory budget
     (`config.memory_budget_mib`, measured by `governor`, one made here when none is given) calls
-    for it (ADR 0034)."""
+    for it (ADR 0034). `on_batch` is told of each tenant batch as it ends, before its pass does."""
     if max_seconds is not None and not max_seconds >= 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
     if poll_seconds is not None and (not poll_seconds > 0 or max_seconds is None):
@@ -142,7 +146,7 @@ def drain(
                         read_ahead=ReadAhead(own=until_idle, then=then),
                     )
                 except Exception as error:
-                    if on_error is None:
+                    if on_error is None or is_transient(error):
                         raise
                     failed.add(tenant_id)
                     on_error(tenant_id, error)
@@ -153,6 +157,8 @@ def drain(
                 # otherwise pin every batch of the backlog until the drain ends.
                 result.next_batch = None
                 current.batches.append(result)
+                if on_batch is not None:
+                    on_batch(result)
                 governor.observed(result.ops)
                 if result.ops >= RELEASE_AFTER_OPS:
                     release_memory()
@@ -175,7 +181,70 @@ def drain(
                 rest = min(poll_seconds - (now - pass_started), max_seconds - (now - started))
                 if rest > 0:
                     time.sleep(rest)
-    finally:
+    except BaseException:
+        # The fetcher's connection may be the one that was lost: closing it must not hide why.
         if fetcher is not None:
-            fetcher.close()
+            with contextlib.suppress(Exception):
+                fetcher.close()
+        raise
+    if fetcher is not None:
+        fetcher.close()
+    return passes
+
+
+def drain_riding_through(
+    connect: Callable[[], psycopg.Connection],
+    lake: Lake,
+    tenants: list[str] | None = None,
+    *,
+    retry: RetryPolicy,
+    on_retry: Callable[[Fault, int, float], None] | None = None,
+    on_pass: Callable[[DrainPass], None] | None = None,
+    max_seconds: float | None = None,
+    poll_seconds: float | None = None,
+    **options,
+) -> list[DrainPass]:
+    """`drain` over a connection from `connect()`, riding through transient faults (ADR 0045): a
+    lost PostgreSQL session or an object-store fault ends the try, and after a jittered backoff
+    a new try opens a new connection and fresh tables and drains on from what the lake and
+    Postgres record. A try cut short by a fault whose outcome is unknown (a commit PUT reset
+    after the store applied it) is safe to repeat: each table's txn version fences its commits,
+    so the next try skips what landed. A try that committed a batch restarts the streak;
+    `retry` bounds a streak, past which TransientFaultsOutlasted propagates. `max_seconds`
+    counts from the first try. The passes returned are every completed pass of every try (idle
+    passes after the first dropped in a standing drain, as `drain` does)."""
+    started = time.monotonic()
+    passes: list[DrainPass] = []
+    moved = [False]  # whether a batch committed or refused since the last fault
+
+    def landed(current: DrainPass) -> None:
+        if current.progressed or poll_seconds is None or not passes:
+            passes.append(current)
+        if on_pass is not None:
+            on_pass(current)
+
+    def batch_ended(result: BatchResult) -> None:
+        moved[0] |= bool(result.committed or result.refused)
+
+    def attempt() -> None:
+        left = None
+        if max_seconds is not None:
+            left = max(0.0, max_seconds - (time.monotonic() - started))
+        with connect() as conn:
+            drain(
+                conn,
+                lake,
+                tenants,
+                max_seconds=left,
+                poll_seconds=poll_seconds,
+                on_pass=landed,
+                on_batch=batch_ended,
+                **options,
+            )
+
+    def progressed() -> bool:
+        got_somewhere, moved[0] = moved[0], False
+        return got_somewhere
+
+    retrying(attempt, retry, on_retry=on_retry, progressed=progressed)
     return passes

@@ -40,6 +40,21 @@ _UNSAFE_OPTIONS = {
 # tenant prefix can look like it (tenant ids are UUIDs).
 PROBE_PREFIX = "_oml_probe"
 _ENDPOINT_OPTIONS = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
+# object_store's own retry and timeouts for an S3 lake, unless the storage options set them (ADR
+# 0045). A request gets 30 s (a 2-5 s stall passes), a connection 5 s; a failed idempotent request
+# is retried up to 6 times within 30 s, backoff 100 ms doubling to 5 s. Past that the error
+# reaches the writer, whose own retry (OML_RETRY_*) starts the drain over on fresh tables: a
+# short store-level budget hands a stuck request to the level that can also reconnect
+# PostgreSQL, instead of object_store's default of 3 minutes inside one request.
+STORE_RETRY_DEFAULTS = {
+    "timeout": "30s",
+    "connect_timeout": "5s",
+    "max_retries": "6",
+    "retry_timeout": "30s",
+    "backoff_config.init_backoff": "100ms",
+    "backoff_config.max_backoff": "5s",
+    "backoff_config.base": "2",
+}
 _CONDITIONAL_PUT_OPTIONS = ("aws_conditional_put", "conditional_put")
 
 
@@ -52,8 +67,18 @@ class Lake:
 
     @classmethod
     def from_env(cls) -> Lake:
-        """The lake OML_LAKE_URI names, with OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables."""
-        return cls(LAKE_URI.read(), lake_storage_options()).checked()
+        """The lake OML_LAKE_URI names, with OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables
+        (and, on S3, object_store's retry and timeouts: STORE_RETRY_DEFAULTS under them)."""
+        return cls(LAKE_URI.read(), lake_storage_options()).with_store_defaults().checked()
+
+    def with_store_defaults(self) -> Lake:
+        """This lake with STORE_RETRY_DEFAULTS for each of those options it does not set (an
+        object-store lake only)."""
+        if self.is_local:
+            return self
+        given = {k.lower() for k in self.storage_options}
+        defaults = {k: v for k, v in STORE_RETRY_DEFAULTS.items() if k not in given}
+        return Lake(self.root, {**defaults, **self.storage_options}) if defaults else self
 
     def checked(self) -> Lake:
         """Refuse a store the writer cannot fence: only local paths and S3 with put-if-absent."""
@@ -63,15 +88,32 @@ class Lake:
                 f"lake URI {self.root!r}: scheme {scheme!r} is not a supported lake target "
                 "(local paths and s3:// with conditional put only)"
             )
-        for key, value in self.storage_options.items():
-            unsafe = _UNSAFE_OPTIONS.get(key.lower())
-            if unsafe and str(value).lower() in unsafe:
+        for where, key, value in self._unsafe_candidates():
+            unsafe = _UNSAFE_OPTIONS[key.lower()]
+            if str(value).strip().lower() in unsafe:
                 raise UnsupportedObjectStore(
-                    f"storage option {key}={value} commits without conditional put; "
-                    "an object store without put-if-absent is not a supported lake target"
+                    f"{where} {key}={value} commits without conditional put; an object store "
+                    "without put-if-absent is not a supported lake target (unset it)"
                 )
         self.require_conditional_put()
         return self
+
+    def _unsafe_candidates(self) -> list[tuple[str, str, str]]:
+        """Each setting that can turn put-if-absent off, as object_store sees it: a storage option,
+        else (on an object-store lake) the `AWS_*` environment variable object_store reads
+        itself when the options leave it unset."""
+        found = [
+            ("storage option", key, value)
+            for key, value in self.storage_options.items()
+            if key.lower() in _UNSAFE_OPTIONS
+        ]
+        if not self.is_local:
+            given = {key.lower() for _, key, _ in found}
+            for key in _UNSAFE_OPTIONS:
+                variable = key.upper()
+                if key.startswith("aws_") and key not in given and os.environ.get(variable):
+                    found.append(("environment variable", variable, os.environ[variable]))
+        return found
 
     def require_conditional_put(self) -> None:
         """Refuse an object store that ignores `If-None-Match` (it would let two writers both

@@ -1,0 +1,44 @@
+"""Faults in Dagster runs (ADR 0045): transient ones are ridden through inside the run with the
+writer's own bounded retry (each retry a warning in the run's log), and anything that still
+stops the run fails it with the same one line `oml-lake` prints, as the run's failure reason."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from dagster import Failure, OpExecutionContext
+
+from oml_dagster.lake.faults import Fault, RetryPolicy, describe, retrying
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def failing_clearly() -> Iterator[None]:
+    """Turn an error that ends a run into a `Failure` whose description is its one line (cause,
+    object, remedy) and whose metadata names the exit class `oml-lake` would use."""
+    try:
+        yield
+    except Failure:
+        raise
+    except Exception as error:
+        line, code = describe(error)
+        raise Failure(
+            description=line, metadata={"exit_code": code, "error": type(error).__name__}
+        ) from error
+
+
+def warn_retry(context: OpExecutionContext) -> Callable[[Fault, int, float], None]:
+    def warn(fault: Fault, failures: int, wait: float) -> None:
+        context.log.warning(
+            f"{fault.line()} -- retrying in {wait:.1f}s (fault {failures} in a row)"
+        )
+
+    return warn
+
+
+def with_retry(context: OpExecutionContext, policy: RetryPolicy, work: Callable[[], T]) -> T:
+    """`work()` within `policy`, each retry a warning in the run's log."""
+    return retrying(work, policy, on_retry=warn_retry(context))
