@@ -168,7 +168,7 @@ _PG_TRANSIENT_STATES = ("57P01", "57P02", "57P03", "40001", "40P01", "53300", "0
 
 def _pg_subject(error: BaseException) -> str:
     info = getattr(getattr(error, "pgconn", None), "host", None)
-    return f"PostgreSQL {info.decode()}" if isinstance(info, bytes) and info else "PostgreSQL"
+    return f"PostgreSQL at {info.decode()}" if isinstance(info, bytes) and info else ""
 
 
 def _postgres(error: BaseException) -> Fault | None:

