@@ -188,3 +188,76 @@ def test_conditional_put_turned_off_in_the_environment_is_refused_before_any_wri
     line = one_line(done.stderr)
     assert "AWS_CONDITIONAL_PUT=disabled" in line and "environment" in line
     assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+# --- inside Dagster runs ------------------------------------------------------------------------
+
+
+def _run_logs(instance, run_id: str) -> list[str]:
+    return [e.user_message for e in instance.all_logs(run_id) if e.user_message]
+
+
+def test_a_run_rides_through_killed_sessions(conn, lake, dsn, defs, instance, monkeypatch):
+    """A lake-writer run whose PostgreSQL sessions are killed mid-run reconnects inside the run
+    (a warning per retry in its log), succeeds, and leaves the lake exact."""
+    from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+
+    monkeypatch.setenv("OML_MAX_BATCH", "10")
+    for key, value in FAST_RETRY.items():
+        monkeypatch.setenv(key, value)
+    (keys,) = _workload(conn, tenants=1, claims=40)
+    conn.close()
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [keys.tenant_id])
+    kills: list[int] = []
+    done = threading.Event()
+
+    def killer():
+        time.sleep(1.0)
+        for _ in range(5):  # bounded
+            if done.is_set():
+                return
+            kills.append(_terminate_others(dsn))
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        result = defs.resolve_job_def("lake_writer_job").execute_in_process(
+            partition_key=keys.tenant_id, instance=instance
+        )
+    finally:
+        done.set()
+        thread.join(10)
+    assert result.success
+    assert sum(1 for k in kills if k) >= 1, kills
+    logs = _run_logs(instance, result.run_id)
+    assert any("PostgreSQL connection lost" in m and "retrying in" in m for m in logs), logs
+    with psycopg.connect(dsn, autocommit=True) as check:
+        assert_exactly_once(check, lake, [keys])
+
+
+@pytest.mark.s3
+def test_a_run_on_a_missing_bucket_fails_with_the_one_line(
+    moto_endpoint, dsn, conn, tenant, defs, instance, monkeypatch
+):
+    """A permanent fault fails the run at once, and the run's failure reads the line `oml-lake`
+    prints: the cause, the object and the remedy."""
+    from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+    from oml_dagster_tests.s3_server import lake_env
+
+    for key, value in lake_env(moto_endpoint, "oml-never-created").items():
+        monkeypatch.setenv(key, value)
+    mixed_workload(conn, tenant, claims=4)
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [tenant.tenant_id])
+    started = time.monotonic()
+    result = defs.resolve_job_def("lake_writer_job").execute_in_process(
+        partition_key=tenant.tenant_id, instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    assert time.monotonic() - started < 30  # not retried: nothing transient about it
+    (failure,) = result.get_step_failure_events()
+    data = failure.step_failure_data
+    assert data.user_failure_data is not None
+    description = data.user_failure_data.description
+    assert description.startswith("missing bucket") and "create the bucket" in description
+    assert "\n" not in description
