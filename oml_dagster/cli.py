@@ -27,6 +27,7 @@ from .lake.policy import erasure_cadence, known_tenants, lag
 from .lake.reconcile import reconcile
 from .lake.storage import Lake
 from .lake.writer import COMMITS, WriterConfig
+from .panics import native_panics_filtered
 from .settings import DEBUG, retry_bounds, writer_batch
 from .simulate.cli import register as register_simulate
 
@@ -367,6 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _debug_asked() -> bool:
+    """--debug on the command line or OML_DEBUG, before the arguments are parsed."""
+    try:
+        return "--debug" in sys.argv[1:] or DEBUG.read()
+    except Exception:
+        return True
+
+
 def _debugging(args: argparse.Namespace) -> bool:
     try:
         return args.debug or DEBUG.read()
@@ -393,15 +402,16 @@ def entry() -> NoReturn:
     an active exception" (SIGABRT, exit -6; delta-io/delta-rs#2184): a scheduler would have
     counted a command that did all its work as failed. All work is done when `main` returns:
     every commit is in the lake, every connection closed. Output is flushed first (ADR 0042)."""
-    try:
-        code = main()
-    except SystemExit as stop:  # argparse's usage errors, --help
-        code = stop.code
-    except KeyboardInterrupt:
-        code = 130  # what a shell reports for a command stopped by Ctrl-C, as before
-    except BaseException:
-        traceback.print_exc()
-        code = 1
+    with native_panics_filtered(not _debug_asked()):
+        try:
+            code = main()
+        except SystemExit as stop:  # argparse's usage errors, --help
+            code = stop.code
+        except KeyboardInterrupt:
+            code = 130  # what a shell reports for a command stopped by Ctrl-C, as before
+        except BaseException:
+            traceback.print_exc()
+            code = 1
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
