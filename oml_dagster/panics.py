@@ -32,6 +32,7 @@ def _forward(read_fd: int, write_fd: int) -> None:
 
 def _pass_on(read_fd: int, write_fd: int) -> None:
     skipping = 0  # 0: passing; 1: the next line is a report's message; 2: in a report's tail
+    blank = False  # a blank line held back: Rust opens a report with one
     with os.fdopen(read_fd, "rb", buffering=0) as source:
         pending = b""
         while chunk := source.read(65536):
@@ -40,16 +41,23 @@ def _pass_on(read_fd: int, write_fd: int) -> None:
             out = []
             for line in lines:
                 if _PANIC.match(line):
-                    skipping = 1
+                    skipping, blank = 1, False
                 elif skipping == 1:
                     skipping = 2
                 elif skipping == 2 and (not line.strip() or _REPORT_TAIL.match(line)):
                     pass
+                elif not line.strip() and not blank:
+                    skipping, blank = 0, True
                 else:
                     skipping = 0
+                    if blank:
+                        out.append(b"\n")
+                        blank = False
                     out.append(line + b"\n")
             if out:
                 os.write(write_fd, b"".join(out))
+        if blank:
+            os.write(write_fd, b"\n")
         if pending and not _PANIC.match(pending):
             os.write(write_fd, pending)
 

@@ -6,11 +6,16 @@ is one line a person can act on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -261,3 +266,54 @@ def test_a_run_on_a_missing_bucket_fails_with_the_one_line(
     description = data.user_failure_data.description
     assert description.startswith("missing bucket") and "create the bucket" in description
     assert "\n" not in description
+
+
+# --- a full disk ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tmpfs(size_mib: int) -> Iterator[Path]:
+    """A tmpfs of `size_mib` mounted on a fresh directory (the tests run as root)."""
+    where = Path(tempfile.mkdtemp(prefix="oml-full-"))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}M", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        where.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def grow(volume: Path, size_mib: int) -> None:
+    """Free space the way an operator does: the volume grown."""
+    subprocess.run(
+        ["mount", "-o", f"remount,size={size_mib}M", str(volume)], check=True, timeout=30
+    )
+
+
+def test_a_full_disk_stops_with_one_line_and_the_next_drain_finishes_exact(conn, dsn, tmp_path):
+    """A lake on a tmpfs too small for it: the drain exits 3 with one line (no traceback, no
+    native panic report), and once space is freed (the tmpfs grown) the next drain finishes
+    with the lake exact."""
+    tenants = _workload(conn, tenants=2, claims=120)
+    with tmpfs(2) as volume:
+        lake = Lake(str(volume / "oml-lake"))
+        full = subprocess.run(
+            DRAIN, env=_env(dsn, lake), capture_output=True, text=True, timeout=240
+        )
+        assert full.returncode == 3, full.stderr
+        line = one_line(full.stderr)
+        assert line.startswith("oml-lake: disk full") and "free space" in line, line
+        assert "panicked" not in full.stderr
+        grow(volume, 256)
+        done = subprocess.run(
+            DRAIN, env=_env(dsn, lake), capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, done.stderr
+        assert_exactly_once(conn, lake, tenants)

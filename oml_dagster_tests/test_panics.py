@@ -12,6 +12,8 @@ import os, sys
 from oml_dagster.panics import native_panics_filtered
 with native_panics_filtered(sys.argv[1] == "on"):
     print("before", file=sys.stderr, flush=True)
+    print("", file=sys.stderr, flush=True)
+    print("kept after a blank line", file=sys.stderr, flush=True)
     os.write(2, b"\nthread 'tokio-rt-worker' (29756) panicked at /x/object_store-0.13.2/src/"
                 b"buffered.rs:369:41:\nAlready shut down\nstack backtrace:\n   0: foo\n"
                 b"             at /x/y.rs:1:1\nnote: Some details are omitted, run with "
@@ -33,7 +35,7 @@ def _run(mode: str) -> subprocess.CompletedProcess:
 def test_panic_reports_are_dropped_and_every_other_line_kept():
     done = _run("on")
     assert done.returncode == 0
-    assert done.stderr.splitlines() == ["before", "", "oml-lake: disk full: free space", "after"]
+    assert done.stderr.splitlines() == ["before", "", "kept after a blank line", "oml-lake: disk full: free space", "after"]
     assert done.stdout == "on stdout\n"
 
 
