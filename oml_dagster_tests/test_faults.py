@@ -14,16 +14,20 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from oml_dagster.lake import db
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.simulate import producer
+from oml_dagster_tests.fault_proxy import KINDS, FaultProxy
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
+from oml_dagster_tests.pg_cluster import private_cluster
 from oml_dagster_tests.test_commit_fence import mixed_workload
 
 DRAIN = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "10"]
@@ -38,7 +42,7 @@ def _env(dsn: str, lake: Lake, **more: str) -> dict[str, str]:
 def assert_exactly_once(conn, lake: Lake, tenants) -> None:
     """Every journal event in bronze once, and every table of every tenant equal to a fault-free
     drain of the same outbox into a lake of its own."""
-    reference = Lake(lake.root.rstrip("/") + "-reference")
+    reference = Lake(lake.root.rstrip("/") + "-reference", lake.storage_options)
     drain(conn, reference, [t.tenant_id for t in tenants], until_idle=True)
     for keys in tenants:
         events = conn.execute(
@@ -316,4 +320,136 @@ def test_a_full_disk_stops_with_one_line_and_the_next_drain_finishes_exact(conn,
             DRAIN, env=_env(dsn, lake), capture_output=True, text=True, timeout=240
         )
         assert done.returncode == 0, done.stderr
+        assert_exactly_once(conn, lake, tenants)
+
+
+# --- a failing object store -------------------------------------------------------------------
+
+
+def _bucket(moto_endpoint: str) -> str:
+    import boto3
+
+    name = f"oml-faults-{uuid.uuid4().hex[:10]}"
+    boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=name)
+    return name
+
+
+def _store_lake(endpoint: str, bucket: str, prefix: str = "oml-lake") -> Lake:
+    from oml_dagster_tests.s3_server import lake_env
+
+    env = lake_env(endpoint, bucket)
+    options = {k: v for k, v in env.items() if k.startswith("AWS_")}
+    return Lake(f"s3://{bucket}/{prefix}", options).with_store_defaults()
+
+
+@pytest.mark.s3
+def test_the_proxy_injects_each_fault_it_is_asked_for(moto_endpoint):
+    """The proxy itself: each kind, forced, fails a botocore client that does not retry; a
+    request reset after it took effect did take effect."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
+
+    bucket = _bucket(moto_endpoint)
+    seen = {}
+    for kind in KINDS:
+        with FaultProxy(moto_endpoint, rate=1.0, kinds=(kind,), delay_seconds=0.3) as proxy:
+            s3 = boto3.client(
+                "s3",
+                endpoint_url=proxy.endpoint,
+                aws_access_key_id="testing",
+                aws_secret_access_key="testing",
+                region_name="us-east-1",
+                config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+            )
+            started = time.monotonic()
+            try:
+                s3.put_object(Bucket=bucket, Key=kind, Body=b"x" * 64)
+                if kind == "truncate":
+                    proxy.enabled = False
+                    s3.put_object(Bucket=bucket, Key="whole", Body=b"y" * 64)
+                    proxy.enabled = True
+                    s3.get_object(Bucket=bucket, Key="whole")["Body"].read()
+                seen[kind] = "passed"
+            except ClientError as error:
+                seen[kind] = error.response["Error"]["Code"]
+            except (ConnectionClosedError, EndpointConnectionError, Exception) as error:
+                seen[kind] = type(error).__name__
+            took = time.monotonic() - started
+            assert proxy.injected[kind] >= 1
+        if kind == "delay":
+            assert took >= 0.3 and seen[kind] == "passed"
+    assert seen["slow_down"] == "SlowDown" and seen["internal_error"] == "InternalError"
+    assert seen["reset_before"] != "passed" and seen["reset_after"] != "passed"
+    assert seen["truncate"] != "passed", seen
+    direct = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    keys = {o["Key"] for o in direct.list_objects_v2(Bucket=bucket).get("Contents", [])}
+    assert "reset_after" in keys and "reset_before" not in keys
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("rate", [0.1, 0.2])
+def test_a_drain_command_rides_through_a_failing_store(moto_endpoint, conn, dsn, rate):
+    """10 % and 20 % of requests failing in every way the proxy knows (delays of 0.5 s): the
+    drain finishes on its own, exit 0, and the lake equals a fault-free drain's."""
+    from oml_dagster_tests.s3_server import lake_env
+
+    tenants = _workload(conn, tenants=2, claims=10)
+    bucket = _bucket(moto_endpoint)
+    with FaultProxy(moto_endpoint, rate=rate, seed=int(rate * 100), delay_seconds=0.5) as proxy:
+        env = {**_env(dsn, Lake("unused")), **lake_env(proxy.endpoint, bucket)}
+        done = subprocess.run(DRAIN, env=env, capture_output=True, text=True, timeout=400)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert sum(proxy.injected.values()) >= 5, proxy.injected
+    assert_exactly_once(conn, _store_lake(moto_endpoint, bucket), tenants)
+
+
+# --- a restarted server -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    try:
+        with private_cluster() as running:
+            yield running
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))
+
+
+@pytest.mark.parametrize("mode", ["immediate", "fast"])
+def test_a_restarted_server_mid_drain_is_ridden_through(cluster, tmp_path, mode):
+    """`pg_ctl restart -m immediate` (a crash and recovery) or `-m fast` twice in the middle of
+    `oml-lake drain --until-idle`: the drain reconnects, exits 0, and the lake is exact."""
+    dsn = cluster.create_database(f"oml_restart_{mode}_{uuid.uuid4().hex[:6]}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        db.upgrade(conn)
+        producer.ensure_schema(conn)
+        tenants = _workload(conn, tenants=3, claims=30)
+    lake = Lake(str(tmp_path / "oml-lake"))
+    proc = subprocess.Popen(
+        DRAIN, env=_env(dsn, lake), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    restarts = 0
+    for pause in (0.8, 1.0):
+        time.sleep(pause)
+        if proc.poll() is not None:
+            break
+        cluster.restart(mode)
+        restarts += 1
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert restarts >= 1 and "PostgreSQL connection lost" in err, err
+    with psycopg.connect(dsn, autocommit=True) as conn:
         assert_exactly_once(conn, lake, tenants)

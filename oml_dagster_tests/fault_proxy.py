@@ -1,0 +1,204 @@
+"""A fault-injecting HTTP proxy on loopback in front of an S3 API server (moto), for the fault
+tests and the fault benchmark (ADR 0045). It forwards each request and returns the server's
+answer, except that a seeded share of requests meets one of the faults production brings:
+
+- `slow_down`: 503 with S3's `SlowDown` error, not forwarded;
+- `internal_error`: 500 with S3's `InternalError`, not forwarded;
+- `reset_before`: the connection reset (RST) before forwarding: the request never took effect;
+- `reset_after`: forwarded (it took effect), then the connection reset before the answer;
+- `truncate`: forwarded, then the answer's headers with half its body, and the connection closed;
+- `delay`: forwarded after `delay_seconds`.
+
+One request per connection (`Connection: close`). The faults drawn depend only on the seed and
+the order requests arrive in; `max_faults` bounds them, and `enabled` switches them off.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import socket
+import socketserver
+import struct
+import threading
+import time
+from collections import Counter
+from urllib.parse import urlparse
+
+KINDS = ("slow_down", "internal_error", "reset_before", "reset_after", "truncate", "delay")
+_ERROR = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>%s</Code><Message>%s</Message>'
+    b"<RequestId>oml-fault</RequestId></Error>"
+)
+_CANNED = {
+    "slow_down": (503, "Slow Down", b"SlowDown", b"Please reduce your request rate."),
+    "internal_error": (500, "Internal Server Error", b"InternalError", b"We encountered an error."),
+}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "proxy-connection",
+}
+
+
+class FaultProxy:
+    """The proxy as a context manager; `endpoint` is what clients use as AWS_ENDPOINT_URL."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        rate: float = 0.1,
+        seed: int = 0,
+        kinds: tuple[str, ...] = KINDS,
+        delay_seconds: float = 2.0,
+        max_faults: int = 10_000,
+        timeout: float = 60.0,
+    ):
+        unknown = set(kinds) - set(KINDS)
+        if unknown or not kinds:
+            raise ValueError(f"fault kinds must be some of {KINDS}, got {kinds}")
+        target = urlparse(upstream)
+        self.upstream = (target.hostname or "127.0.0.1", target.port or 80)
+        self.rate, self.kinds, self.delay_seconds = rate, tuple(kinds), delay_seconds
+        self.max_faults, self.timeout = max_faults, timeout
+        self.enabled = True
+        self.injected: Counter[str] = Counter()
+        self.requests = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                proxy._serve(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+    def _draw(self) -> str | None:
+        with self._lock:
+            self.requests += 1
+            roll, kind = self._rng.random(), self._rng.choice(self.kinds)
+            if not self.enabled or sum(self.injected.values()) >= self.max_faults:
+                return None
+            if roll >= self.rate:
+                return None
+            self.injected[kind] += 1
+            return kind
+
+    # --- one request ----------------------------------------------------------------------
+
+    def _serve(self, client: socket.socket) -> None:
+        client.settimeout(self.timeout)
+        reader = client.makefile("rb")
+        try:
+            request = _read_request(reader)
+        except (OSError, ValueError):
+            return
+        if request is None:
+            return
+        method, target, headers, body = request
+        fault = self._draw()
+        try:
+            if fault in _CANNED:
+                status, reason, code, message = _CANNED[fault]
+                _send(
+                    client,
+                    status,
+                    reason,
+                    [("Content-Type", "application/xml")],
+                    _ERROR % (code, message),
+                )
+                return
+            if fault == "reset_before":
+                _reset(client)
+                return
+            if fault == "delay":
+                time.sleep(self.delay_seconds)
+            status, reason, answer_headers, answer = self._forward(method, target, headers, body)
+            if fault == "reset_after":
+                _reset(client)
+                return
+            if fault == "truncate" and len(answer) > 1:
+                _send(client, status, reason, answer_headers, answer, cut=len(answer) // 2)
+                return
+            _send(client, status, reason, answer_headers, answer)
+        except OSError:
+            return
+        finally:
+            reader.close()
+            client.close()
+
+    def _forward(self, method: str, target: str, headers: list, body: bytes):
+        upstream = http.client.HTTPConnection(*self.upstream, timeout=self.timeout)
+        try:
+            upstream.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            for name, value in headers:
+                if name.lower() not in _HOP_BY_HOP:
+                    upstream.putheader(name, value)
+            if body or method in ("PUT", "POST"):
+                upstream.putheader("Content-Length", str(len(body)))
+            upstream.endheaders(body or None)
+            answer = upstream.getresponse()
+            data = answer.read()
+            kept = [(k, v) for k, v in answer.getheaders() if k.lower() not in _HOP_BY_HOP]
+            return answer.status, answer.reason, kept, data
+        finally:
+            upstream.close()
+
+
+def _read_request(reader) -> tuple[str, str, list[tuple[str, str]], bytes] | None:
+    line = reader.readline(65537)
+    if not line:
+        return None
+    method, target, _ = line.decode("latin-1").split(" ", 2)
+    headers: list[tuple[str, str]] = []
+    while True:
+        raw = reader.readline(65537)
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers.append((name.strip(), value.strip()))
+    fields = {k.lower(): v for k, v in headers}
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        body = b""
+        while True:
+            size = int(reader.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while reader.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                break
+            body += reader.read(size)
+            reader.readline()
+    else:
+        body = reader.read(int(fields.get("content-length") or 0))
+    return method, target, headers, body
+
+
+def _send(client, status, reason, headers, body: bytes, cut: int | None = None) -> None:
+    head = [f"HTTP/1.1 {status} {reason}"]
+    head += [f"{k}: {v}" for k, v in headers]
+    head += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    client.sendall("\r\n".join(head).encode("latin-1") + (body if cut is None else body[:cut]))
+
+
+def _reset(client: socket.socket) -> None:
+    """Close with an RST instead of a FIN: the peer sees "connection reset"."""
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
