@@ -410,7 +410,10 @@ def test_a_drain_command_rides_through_a_failing_store(moto_endpoint, conn, dsn,
     bucket = _bucket(moto_endpoint)
     with FaultProxy(moto_endpoint, rate=rate, seed=int(rate * 100), delay_seconds=0.5) as proxy:
         env = {**_env(dsn, Lake("unused")), **lake_env(proxy.endpoint, bucket)}
-        done = subprocess.run(DRAIN, env=env, capture_output=True, text=True, timeout=400)
+        # The default bound (300 s); batches of 50 ops, fewer requests than 10-op batches.
+        env["OML_RETRY_SECONDS"] = "300"
+        drain = [*DRAIN[:-1], "50"]
+        done = subprocess.run(drain, env=env, capture_output=True, text=True, timeout=420)
         assert done.returncode == 0, done.stderr[-3000:]
         assert sum(proxy.injected.values()) >= 5, proxy.injected
     assert_exactly_once(conn, _store_lake(moto_endpoint, bucket), tenants)

@@ -35,7 +35,13 @@ def _run(mode: str) -> subprocess.CompletedProcess:
 def test_panic_reports_are_dropped_and_every_other_line_kept():
     done = _run("on")
     assert done.returncode == 0
-    assert done.stderr.splitlines() == ["before", "", "kept after a blank line", "oml-lake: disk full: free space", "after"]
+    assert done.stderr.splitlines() == [
+        "before",
+        "",
+        "kept after a blank line",
+        "oml-lake: disk full: free space",
+        "after",
+    ]
     assert done.stdout == "on stdout\n"
 
 

@@ -270,8 +270,14 @@ def _transient_store(message: str) -> Fault:
     )
 
 
-def _first_line(message: str, most: int = 240) -> str:
-    line = message.strip().splitlines()[0] if message.strip() else ""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(message: str, most: int = 300) -> str:
+    """An error's text on one line: delta-rs prints its chain of causes one per line, each
+    behind a colored "↳"; the object (the URL or path) is usually in the second."""
+    parts = [p.strip().lstrip("↳").strip() for p in _ANSI.sub("", message).splitlines()]
+    line = " <- ".join(p for p in parts if p)
     return line if len(line) <= most else line[: most - 1] + "…"
 
 
