@@ -22,7 +22,7 @@ from .lake import db, deadletter, sequencer
 from .lake.doctor import DEFAULT_LAG_LIMIT, drained_through, examine
 from .lake.drain import DrainPass, drain_riding_through
 from .lake.erasure import APPLIED, erased_artifacts, erasure_evidence
-from .lake.faults import Fault, RetryPolicy, describe
+from .lake.faults import Fault, RetryPolicy, describe, retrying
 from .lake.policy import erasure_cadence, known_tenants, lag
 from .lake.reconcile import reconcile
 from .lake.storage import Lake
@@ -126,15 +126,21 @@ def cmd_drain(args: argparse.Namespace) -> int:
         config=config,
         on_pass=on_pass,
     )
+
     # The closing lag is what the lake and PostgreSQL say now, not what this process drained:
-    # another writer may have drained on meanwhile.
-    with db.connect(autocommit=True) as conn:
-        for tenant_id in sorted(drained):
-            through = drained_through(lake, tenant_id)
-            pending, seconds = lag(conn, tenant_id, through)
-            _print(
-                f"lag tenant {tenant_id}: {pending} ops, {seconds:.1f}s (drained through seq {through})"
-            )
+    # another writer may have drained on meanwhile. It rides through faults as the drain does.
+    def closing_lags() -> list[tuple[str, int, float, int]]:
+        with db.connect(autocommit=True) as conn:
+            return [
+                (tenant_id, *lag(conn, tenant_id, through), through)
+                for tenant_id in sorted(drained)
+                for through in [drained_through(lake, tenant_id)]
+            ]
+
+    for tenant_id, pending, seconds, through in retrying(closing_lags, policy, on_retry=_retrying):
+        _print(
+            f"lag tenant {tenant_id}: {pending} ops, {seconds:.1f}s (drained through seq {through})"
+        )
     gaps = passes[-1].sequenced.gaps if passes else []
     for gap in gaps:
         _print(
