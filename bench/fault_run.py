@@ -8,7 +8,7 @@ Scenarios, each on a fresh workload (3 tenants, a mixed lifecycle) and a fresh l
 - `pg-terminate`: every session of the drain's database terminated 4 times mid-drain;
 - `s3-10`, `s3-20`: moto behind the fault proxy failing 10 % / 20 % of requests (SlowDown, 500,
   resets before and after the request took effect, cut bodies, 2-5 s delays);
-- `disk-full`: a lake on a 2 MiB tmpfs, then grown and drained again.
+- `disk-full`: a lake on a 256 KiB tmpfs, then grown and drained again.
 For each try: the exit code, seconds, whether the lake equals a fault-free drain's, and whether a
 non-zero exit said exactly one line. Everything listens on 127.0.0.1; every loop is bounded.
 """
@@ -134,7 +134,7 @@ def scenario_disk_full(cluster, root: Path) -> dict:
     dsn, tenants = _database(cluster, "disk")
     volume = root / "volume"
     volume.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(volume)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256K", "tmpfs", str(volume)], check=True)
     try:
         lake = Lake(str(volume / "oml-lake"))
         code, seconds, err = _run(_env(dsn, OML_LAKE_URI=lake.root))

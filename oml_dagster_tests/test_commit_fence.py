@@ -15,18 +15,22 @@ import pytest
 from oml_dagster.lake import sequencer, writer
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.errors import InconsistentFrontier
-from oml_dagster.lake.storage import Lake, OpenTables
+from oml_dagster.lake.storage import Lake, OpenTables, app_txn
 from oml_dagster.lake.tables import (
     APP_ID,
     BRONZE_EVENTS,
     CORE_TABLES,
     GOLD_AREAS,
+    GOLD_CURATED,
+    GOLD_LINEAGE,
     SILVER_CLAIMS,
+    TableId,
 )
-from oml_dagster.lake.writer import WriterConfig, drain_tenant
+from oml_dagster.lake.writer import COMMITTED, SKIPPED, UNCHANGED, WriterConfig, drain_tenant
 from oml_dagster.simulate import acts
 from oml_dagster_tests.helpers import (
     LakeView,
+    Tree,
     column_chunks,
     drain_all,
     lake_snapshot,
@@ -36,7 +40,7 @@ from oml_dagster_tests.helpers import (
 )
 
 
-def mixed_workload(conn, keys, claims: int = 12) -> None:
+def mixed_workload(conn, keys, claims: int = 12) -> Tree:
     """A little of everything: promotions, retracts, edges, a validation, area changes."""
     tree = make_tree(conn, keys)
     made = [promoted(conn, keys, tree.a if i % 2 else tree.b) for i in range(claims)]
@@ -55,6 +59,23 @@ def mixed_workload(conn, keys, claims: int = 12) -> None:
             acts.demote(conn, keys, c)
     acts.upsert_area(conn, keys, tree.b, crew_name="crew-b")
     acts.reparent_area(conn, keys, tree.a1, tree.b, "u.b.a1")
+    return tree
+
+
+def more_work(conn, keys, tree: Tree) -> str:
+    """More of everything on `mixed_workload`'s tree (a second root would be refused): a new
+    area c under the root, claims promoted into c and b, a demote, an erase, an edge, then c
+    committed and validated (the batch that holds this creates c's curated table). Returns c."""
+    c = new_id()
+    acts.upsert_area(conn, keys, c, path="u.c", status="development", parent_id=tree.root)
+    made = [promoted(conn, keys, *((c, "u.c") if i % 2 else (tree.b, "u.b"))) for i in range(6)]
+    acts.demote(conn, keys, made[0])
+    acts.erase(conn, keys, made[2])
+    acts.ratify(conn, keys, acts.Edge(new_id(), made[1].artifact_id, made[3].artifact_id))
+    acts.upsert_area(conn, keys, c, status="committed")
+    acts.validate_area(conn, keys, c)
+    acts.upsert_area(conn, keys, tree.b, crew_name="crew-b2")
+    return c
 
 
 def versions(lake: Lake, tenant_id: str) -> dict:
@@ -62,18 +83,141 @@ def versions(lake: Lake, tenant_id: str) -> dict:
     return {name: table.version() if table is not None else None for name, table in tables.items()}
 
 
+class _DiedBeforeSilver(Exception):
+    """The writer dying between two commits of one batch."""
+
+
+def table_states(lake: Lake, tenant_id: str, names: dict[str, str]) -> dict:
+    """name -> (Delta version, recorded txn version) of each table `names` maps to its URI;
+    (None, 0) for one that does not exist."""
+    states = {}
+    for name, uri in names.items():
+        table = lake.open(uri)
+        states[name] = (None, 0) if table is None else (table.version(), app_txn(table))
+    return states
+
+
+def batch_ends(lake: Lake, uri: str) -> dict[int, list[int]]:
+    """batch_end -> the Delta versions of the table's commits that recorded it (commitInfo's
+    `oml.batch_end`; maintenance commits record none)."""
+    ends: dict[int, list[int]] = {}
+    for commit in lake.open(uri).history():
+        if "oml.batch_end" in commit:
+            ends.setdefault(int(commit["oml.batch_end"]), []).append(commit["version"])
+    return ends
+
+
 def test_replaying_a_committed_batch_changes_nothing(conn, lake, tenant):
-    mixed_workload(conn, tenant)
-    drain_all(conn, lake)
-    before, before_versions = (
-        lake_snapshot(lake, tenant.tenant_id),
-        versions(lake, tenant.tenant_id),
+    """A batch whose commit landed on bronze, lineage and a curated table but not on silver or
+    gold.areas (the writer died between them) is replayed: the tables that hold it are skipped,
+    not committed again, the others catch up, and the lake equals a fault-free drain's. Replaying
+    it once more changes nothing."""
+    tenant_id = tenant.tenant_id
+    tree = mixed_workload(conn, tenant)
+    drain_all(conn, lake)  # batch one, fault-free: every table exists and holds it
+    c = more_work(conn, tenant, tree)
+    sequencer.sequence(conn)
+    # Batch one ended at what bronze records; the batch under test is the rest of the outbox.
+    first_end = app_txn(lake.open(lake.table_uri(tenant_id, BRONZE_EVENTS)))
+    last_end = conn.execute(
+        "SELECT max(seq) FROM oml.outbox WHERE tenant_id = %s", (tenant_id,)
+    ).fetchone()[0]
+    assert 0 < first_end < last_end
+    uris = {spec.name: lake.table_uri(tenant_id, spec) for spec in CORE_TABLES}
+    curated_a, curated_c = str(TableId.curated(tree.a)), str(TableId.curated(c))
+    uris[curated_a] = lake.table_uri(tenant_id, GOLD_CURATED, tree.a)
+    uris[curated_c] = lake.table_uri(tenant_id, GOLD_CURATED, c)
+    before = table_states(lake, tenant_id, uris)
+    assert before[curated_c] == (None, 0)
+    assert all(txn == first_end for n, (_, txn) in before.items() if n != curated_c), before
+
+    # Commit order (writer._drain_batch): bronze, lineage, curated, silver, areas. The writer
+    # dies once, when it reaches silver; c's curated table was created by then, a's has
+    # nothing to change in this batch (no commit: fewer ops than the txn lag limit).
+    landed = {BRONZE_EVENTS.name, GOLD_LINEAGE.name, curated_c}
+    behind = {SILVER_CLAIMS.name, GOLD_AREAS.name}
+
+    def die_before_silver(table: str) -> None:
+        if table == SILVER_CLAIMS.name:
+            raise _DiedBeforeSilver(table)
+
+    with pytest.raises(_DiedBeforeSilver):
+        drain_tenant(conn, lake, tenant_id, before_commit=die_before_silver)
+    died = table_states(lake, tenant_id, uris)
+    # (1) The first attempt really committed the batch on the tables before the failure point
+    # (a new Delta version recording its end), and on none after it.
+    for name in landed:
+        version, txn = died[name]
+        assert txn == last_end, (name, died[name])
+        assert version is not None and (before[name][0] is None or version > before[name][0])
+    for name in behind | {curated_a}:
+        assert died[name] == before[name], (name, died[name], before[name])
+
+    replay = drain_tenant(conn, lake, tenant_id)
+    assert (replay.batch_start, replay.batch_end) == (first_end, last_end)
+    assert not replay.refused  # the verdicts the first attempt recorded are reused
+    replayed = table_states(lake, tenant_id, uris)
+    # (3) The replay left the tables that held the batch alone, and brought the others to it.
+    for name in landed | {curated_a}:
+        assert replayed[name] == died[name], (name, replayed[name], died[name])
+    for name in behind:
+        assert replayed[name][1] == last_end and replayed[name][0] > died[name][0], name
+    # Each table committed each batch once, the landed ones at the version the first attempt
+    # made: one commit per batch end in every table's history.
+    expected_ends = {
+        **dict.fromkeys([*landed, *behind], [first_end, last_end]),
+        curated_a: [first_end],
+        curated_c: [last_end],
+    }
+    for name, uri in uris.items():
+        ends = batch_ends(lake, uri)
+        assert sorted(ends) == expected_ends[name], (name, ends)
+        assert all(len(at) == 1 for at in ends.values()), (name, ends)
+        if name in landed:
+            assert ends[last_end] == [died[name][0]], (name, ends)
+    # And by the skip rule itself (`batch_end <= txn`), not by the fallbacks behind it: without
+    # it a landed table's output above its txn is empty and the no-change rule leaves it alone
+    # too, so the effects above hold and only the action the writer reports tells them apart.
+    actions = {t.table: t.action for t in replay.tables}
+    assert actions == {
+        **dict.fromkeys(landed, SKIPPED),
+        curated_a: UNCHANGED,
+        **dict.fromkeys(behind, COMMITTED),
+    }, actions
+
+    # (4) Replaying once more changes nothing: a's curated table still records batch one, so
+    # the next drain reads (first_end, last_end] again, and every table skips it or has nothing
+    # to change.
+    after = lake_snapshot(lake, tenant_id)
+    for _ in range(2):
+        again = drain_tenant(conn, lake, tenant_id)
+        assert not again.committed and not again.refused
+        assert {t.action for t in again.tables} <= {SKIPPED, UNCHANGED}
+        assert table_states(lake, tenant_id, uris) == replayed
+        assert lake_snapshot(lake, tenant_id) == after
+
+    # (2) The rows equal those of a fault-free drain of the same ops into a second lake. One
+    # database serves both soundly: a drain of a named tenant starts where the Delta logs of
+    # *its* lake say (drain.py: the frontier cache, per tenant and not per lake, is not read
+    # for it), and the verdicts it reuses are per tenant by design (every writer and every
+    # replay must apply the same ops) and were recorded by the first attempt's complete fold
+    # before any table committed, so the fault came after them. The reference drain rewrites
+    # the tenant's frontier cache rows, so it runs after every check on `lake`.
+    reference = Lake(lake.root + "-reference")
+    drain(conn, reference, [tenant_id], until_idle=True)
+    expected = lake_snapshot(reference, tenant_id)
+    assert set(after) == set(uris) and after == expected
+    # Neither lake is empty or short of the outbox: every journal event in bronze once, and the
+    # claims of both batches in silver.
+    journal = conn.execute(
+        "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND op = 'journal.event'",
+        (tenant_id,),
+    ).fetchone()[0]
+    assert sorted(r["journal_seq"] for r in after[BRONZE_EVENTS.name]) == list(
+        range(1, journal + 1)
     )
-    for _ in range(3):
-        result = drain_tenant(conn, lake, tenant.tenant_id)
-        assert not result.committed
-    assert lake_snapshot(lake, tenant.tenant_id) == before
-    assert versions(lake, tenant.tenant_id) == before_versions
+    assert len(after[SILVER_CLAIMS.name]) == 12 + 6
+    assert sum(r["workarea_id"] == c for r in after[SILVER_CLAIMS.name]) == 3
 
 
 def test_every_commit_records_the_txn_and_the_batch_bounds(conn, lake, tenant):
