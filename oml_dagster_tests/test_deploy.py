@@ -1,9 +1,10 @@
-"""deploy/docker and deploy/helm, checked as far as a machine without Docker or Kubernetes can:
-the files parse, every image is pinned, the image installs exactly what pyproject.toml declares
-(at the versions this suite runs with), every environment variable a service is given is one the
-code or dagster.yaml reads, the lake's credentials reach only the code location and its runs,
-the Helm values carry the same run limits as dagster.yaml, and dagster.yaml loads in a real
-Dagster instance on PostgreSQL."""
+"""deploy/docker and deploy/helm, checked as files (deploy/smoke.sh runs the compose stack in
+real containers): the files parse, every image is pinned, the image installs exactly what
+pyproject.toml declares (at the versions this suite runs with), every environment variable a
+service is given is one the code or dagster.yaml reads, the lake's credentials reach only the code
+location, the launcher and the runs, the CI override keeps every server on loopback and pulls no
+image, the Helm values carry the same run limits as dagster.yaml, and each dagster.yaml loads in
+a real Dagster instance on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -32,11 +33,10 @@ def pyproject() -> dict:
 
 
 def declared_requirements() -> list[Requirement]:
-    """What the image must install: the runtime dependencies and the k8s extra."""
+    """What the image must install: the runtime dependencies and the run launchers' extras."""
     project = pyproject()["project"]
-    return [
-        Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["k8s"]
-    ]
+    extras = project["optional-dependencies"]
+    return [Requirement(r) for r in project["dependencies"] + extras["docker"] + extras["k8s"]]
 
 
 def pins() -> dict[str, str]:
@@ -67,6 +67,19 @@ def compose() -> dict:
     return yaml.safe_load((DOCKER / "compose.yaml").read_text())
 
 
+def compose_ci() -> dict:
+    return yaml.safe_load((DOCKER / "compose.ci.yaml").read_text())
+
+
+def run_launcher() -> dict:
+    return yaml.safe_load((DOCKER / "run_launcher.yaml").read_text())["run_launcher"]
+
+
+def image_instance_yaml() -> str:
+    """The dagster.yaml the image writes into DAGSTER_HOME: the repository's, then the launcher."""
+    return (REPO / "dagster.yaml").read_text() + (DOCKER / "run_launcher.yaml").read_text()
+
+
 def helm() -> dict:
     return yaml.safe_load(HELM_VALUES.read_text())
 
@@ -82,7 +95,9 @@ def names_the_code_reads() -> set[str]:
     )
     for path in (REPO / "oml_dagster").rglob("*.py"):
         names.update(pattern.findall(path.read_text()))
-    names.update(re.findall(r"\{env: ([A-Z0-9_]+)\}", (REPO / "dagster.yaml").read_text()))
+    names.update(re.findall(r"\{env: ([A-Z0-9_]+)\}", image_instance_yaml()))
+    # Dagster's own: the image runs are started from, and what they are given (container context).
+    names.update({"DAGSTER_CURRENT_IMAGE", "DAGSTER_CONTAINER_CONTEXT"})
     return names
 
 
@@ -115,29 +130,45 @@ def test_the_pins_satisfy_every_declared_dependency_at_the_tested_versions():
 
 def test_the_dockerfile_installs_the_pins_and_the_project_and_runs_as_a_user():
     steps = dockerfile()
+    (arg,) = [args for instruction, args in steps if instruction == "ARG"]
+    name, _, default = arg.partition("=")
+    assert name == "BASE_IMAGE" and _pinned(default) and default.startswith("debian:bookworm")
     (base,) = [args for instruction, args in steps if instruction == "FROM"]
-    assert _pinned(base) and base.startswith("python:3.11"), base
+    assert base == "${BASE_IMAGE}"
     runs = " && ".join(args for instruction, args in steps if instruction == "RUN")
+    assert "python3 python3-venv" in runs and "python3 -m venv /opt/venv" in runs
     assert "pip install --no-deps -r requirements.txt" in runs
-    assert 'pip install --no-deps ".[k8s]"' in runs and "pip check" in runs
+    assert 'pip install --no-deps ".[docker,k8s]"' in runs and "pip check" in runs
     assert "oml-lake --help" in runs, "the CLI is checked inside the image"
+    assert "cat run_launcher.yaml >>dagster.yaml" in runs
     for instruction, args in steps:
         if instruction == "COPY":
             *sources, _ = shlex.split(args)
             for source in sources:
                 assert (REPO / source).exists(), f"COPY {source}: not in the repository"
+                assert _in_build_context(source), f"COPY {source}: .dockerignore leaves it out"
     users = [args for instruction, args in steps if instruction == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root"), users
     env = " ".join(args for instruction, args in steps if instruction == "ENV")
-    assert "DAGSTER_HOME=/opt/dagster/dagster_home" in env
+    assert "DAGSTER_HOME=/opt/dagster/dagster_home" in env and "PATH=/opt/venv/bin:" in env
     (cmd,) = [args for instruction, args in steps if instruction == "CMD"]
     assert "oml_dagster.definitions" in cmd and "code-server" in cmd
+
+
+def _in_build_context(source: str) -> bool:
+    """Whether .dockerignore (everything out, then named paths back in) keeps `source`."""
+    kept = [
+        line[1:].strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    return any(source == k or source.startswith(k.rstrip("/") + "/") for k in kept)
 
 
 # --- compose -----------------------------------------------------------------------------------
 
 
-def test_compose_has_every_service_with_pinned_images():
+def test_compose_has_every_service_with_pinned_images_health_checks_and_an_init():
     services = compose()["services"]
     assert set(services) >= {"postgres", "minio", "minio-init", "migrate", *DAGSTER_SERVICES}
     for name, service in services.items():
@@ -155,34 +186,97 @@ def test_compose_has_every_service_with_pinned_images():
     assert (
         services["code"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     )
+    # Readiness: every long-running service says when it is ready, and the Dagster processes
+    # start after what they need is ready; PID 1 is an init, so `down` does not wait on SIGTERM.
+    for name in ("postgres", "minio", *DAGSTER_SERVICES):
+        assert services[name]["healthcheck"]["test"], f"{name}: no health check"
+    for name in ("webserver", "daemon"):
+        assert services[name]["depends_on"]["code"]["condition"] == "service_healthy", name
+        assert "/var/run/docker.sock:/var/run/docker.sock" in services[name]["volumes"], name
+    for name in ("postgres", "migrate", *DAGSTER_SERVICES):
+        assert services[name].get("init") is True, f"{name}: no init as PID 1"
+    assert services["code"]["environment"]["DAGSTER_CURRENT_IMAGE"] == built
+    # Published ports live apart (host networking refuses them); .env adds them to a plain `up`.
+    assert not [n for n, s in services.items() if s.get("ports")]
+    published = yaml.safe_load((DOCKER / "compose.ports.yaml").read_text())["services"]
+    assert published["webserver"]["ports"] == ["127.0.0.1:3000:3000"]
+    dotenv = dict(
+        line.split("=", 1)
+        for line in (DOCKER / ".env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert dotenv["COMPOSE_FILE"] == "compose.yaml:compose.ports.yaml"
 
 
-def test_compose_environment_is_what_the_code_reads_and_lake_credentials_stay_with_the_code():
+def test_compose_environment_is_what_the_code_reads_and_lake_credentials_stay_off_the_ui():
     services = compose()["services"]
     read = names_the_code_reads()
     storage_names = set(re.findall(r"\{env: ([A-Z0-9_]+)\}", (REPO / "dagster.yaml").read_text()))
     assert storage_names == {f"DAGSTER_PG_{k}" for k in ("HOST", "PORT", "USER", "PASSWORD", "DB")}
     for name in DAGSTER_SERVICES:
         env = services[name]["environment"]
-        unknown = {
-            k for k in env if k.startswith(("OML_", "AWS_", "DAGSTER_PG_")) and k not in read
-        }
+        unknown = {k for k in env if k.startswith(("OML_", "AWS_", "DAGSTER_")) and k not in read}
         assert not unknown, f"{name}: nothing reads {sorted(unknown)}"
         assert storage_names <= set(env), f"{name}: dagster.yaml needs {sorted(storage_names)}"
+        # Every Dagster process builds the instance, launcher included.
+        assert "OML_RUN_NETWORK" in env, name
     code = services["code"]["environment"]
     assert code["OML_LAKE_URI"].startswith("s3://")
-    assert {"OML_PG_DSN", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(
-        code
+    lake = {"OML_PG_DSN", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    assert lake <= set(code)
+    # The launcher hands each run container the variables it names, from its own environment
+    # (an unset one fails the launch): the daemon holds every one of them, the webserver none
+    # of the lake's.
+    launched = set(run_launcher()["config"]["env_vars"])
+    assert lake <= launched and storage_names <= launched
+    daemon = services["daemon"]["environment"]
+    assert launched <= set(daemon), sorted(launched - set(daemon))
+    held = set(services["webserver"]["environment"])
+    assert not {k for k in held if k.startswith("AWS_") or k == "OML_PG_DSN"}, held
+    assert (
+        services["daemon"]["environment"]["OML_RUN_NETWORK"]
+        == compose()["networks"]["default"]["name"]
     )
-    for name in ("webserver", "daemon"):
-        held = set(services[name]["environment"])
-        assert not {k for k in held if k.startswith("AWS_") or k.startswith("OML_")}, name
     workspace = yaml.safe_load((DOCKER / "workspace.yaml").read_text())
     (server,) = [entry["grpc_server"] for entry in workspace["load_from"]]
     command = services["code"]["command"]
     assert server["host"] == "code"
     assert command[command.index("--port") + 1] == str(server["port"])
     assert server["location_name"] == pyproject()["tool"]["dagster"]["code_location_name"]
+
+
+def test_the_ci_override_keeps_every_server_on_loopback_and_pulls_no_image():
+    """compose.ci.yaml (deploy/smoke.sh): host networking for every service and run container,
+    each server bound to 127.0.0.1, every image built here (a missing one would be pulled)."""
+    base, ci = compose()["services"], compose_ci()["services"]
+    assert set(ci) == set(base)
+    for name in base:
+        assert ci[name]["network_mode"] == "host", name
+        assert ci[name].get("environment", {}).get("OML_RUN_NETWORK", "host") == "host", name
+    built = {
+        ci[n].get("image") or base[n]["image"] for n in base if "build" in {**base[n], **ci[n]}
+    }
+    for name in base:
+        image = ci[name].get("image") or base[name]["image"]
+        assert image in built, f"{name}: {image} would be pulled"
+    commands = {
+        name: " ".join(ci[name].get("command", base[name].get("command", []))) for name in ci
+    }
+    assert "--host 127.0.0.1" in commands["code"] and "--host 127.0.0.1" in commands["webserver"]
+    assert "-H 127.0.0.1" in commands["minio"]
+    assert ci["postgres"]["environment"]["PGHOST"] == "127.0.0.1"
+    ci_workspace = yaml.safe_load((DOCKER / "ci" / "workspace.yaml").read_text())
+    (server,) = [entry["grpc_server"] for entry in ci_workspace["load_from"]]
+    code = ci["code"]["command"]
+    assert server["host"] == "127.0.0.1" and code[code.index("--port") + 1] == str(server["port"])
+    for name in ("webserver", "daemon"):
+        assert "./ci/workspace.yaml:/opt/dagster/app/workspace.yaml:ro" in ci[name]["volumes"]
+    # A setting a run reads reaches the run containers through the code location's context.
+    context = yaml.safe_load(ci["code"]["environment"]["DAGSTER_CONTAINER_CONTEXT"])
+    assert (
+        "OML_SHARD_RUN_SECONDS=" + ci["code"]["environment"]["OML_SHARD_RUN_SECONDS"]
+        in (context["docker"]["env_vars"])
+    )
 
 
 # --- Helm --------------------------------------------------------------------------------------
@@ -218,6 +312,31 @@ def test_helm_env_is_what_the_code_reads_and_secrets_stay_with_the_code_location
         held = {s.get("name") for s in values[component].get("envSecrets", [])}
         assert not held & secrets, component
     assert not values["runLauncher"]["config"]["k8sRunLauncher"]["envSecrets"]
+
+
+def test_helm_and_compose_run_the_same_code_location():
+    """The Helm values keep in step with the compose topology: the same image tag, the same
+    settings for the code location (and so for its runs), the same tick retention."""
+    values = helm()
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    code = compose()["services"]["code"]
+    assert code["image"] == f"oml-lake:{deployment['image']['tag']}"
+    helm_env = {e["name"]: e.get("value") for e in deployment["env"]}
+    settings_set = {k: v for k, v in code["environment"].items() if k.startswith("OML_")}
+    for name in ("OML_DAGSTER_AUTOSTART", "OML_SENSOR_INTERVAL_SECONDS", "OML_DRAIN_SHARDS"):
+        assert helm_env[name] == settings_set[name], name
+    assert helm_env["OML_MAX_BATCH"] == settings_set["OML_MAX_BATCH"]
+    # What compose hands its run containers through the container context is what it sets on
+    # the code location (Helm's includeConfigInLaunchedRuns copies the whole env).
+    context = yaml.safe_load(code["environment"]["DAGSTER_CONTAINER_CONTEXT"])
+    for pair in context["docker"]["env_vars"]:
+        name, _, value = pair.partition("=")
+        assert settings_set[name] == value, pair
+    instance = yaml.safe_load((REPO / "dagster.yaml").read_text())["retention"]
+    chart = values["retention"]
+    assert chart["enabled"] is True
+    assert chart["sensor"]["purgeAfterDays"] == instance["sensor"]["purge_after_days"]
+    assert chart["schedule"]["purgeAfterDays"] == instance["schedule"]["purge_after_days"]
 
 
 def test_helm_resources_are_requested_for_every_pod():
@@ -291,19 +410,21 @@ def test_helm_run_limits_sit_where_the_chart_reads_them_and_nowhere_else():
 # --- dagster.yaml ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["image", "helm"])
+@pytest.mark.parametrize("variant", ["repository", "image", "helm"])
 def test_each_dagster_yaml_loads_with_the_cap_and_the_lease(variant, dsn, tmp_path, monkeypatch):
-    """The dagster.yaml the image copies into DAGSTER_HOME (the repository's own; the compose
-    services give it DAGSTER_PG_*), and the chart's run-coordinator settings from the Helm values
+    """The repository's dagster.yaml (the demo's), the one the image writes into DAGSTER_HOME
+    (the repository's plus the DockerRunLauncher; the compose services give it DAGSTER_PG_* and
+    OML_RUN_NETWORK), and the chart's run-coordinator settings from the Helm values
     (`helm_instance_yaml`), each loaded in a Dagster instance on a real PostgreSQL database:
-    the same global cap and per-tenant lease read back from both."""
+    the same global cap, per-tenant lease and tick retention read back from each."""
     import psycopg
     from dagster import DagsterInstance
     from dagster._core.run_coordinator import QueuedRunCoordinator
     from dagster_postgres import PostgresRunStorage
 
-    copied = [a for i, a in dockerfile() if i == "COPY" and a.endswith("dagster.yaml")]
-    assert copied == ["dagster.yaml /opt/dagster/dagster_home/dagster.yaml"]
+    copied = [a for i, a in dockerfile() if i == "COPY" and "dagster.yaml" in a]
+    assert copied == ["dagster.yaml deploy/docker/run_launcher.yaml /opt/dagster/dagster_home/"]
+    monkeypatch.setenv("OML_RUN_NETWORK", "host")
     info = psycopg.conninfo.conninfo_to_dict(dsn)
     monkeypatch.setenv("DAGSTER_PG_HOST", info.get("host", "127.0.0.1"))
     monkeypatch.setenv("DAGSTER_PG_PORT", str(info.get("port", 5432)))
@@ -312,8 +433,10 @@ def test_each_dagster_yaml_loads_with_the_cap_and_the_lease(variant, dsn, tmp_pa
     monkeypatch.setenv("DAGSTER_PG_DB", info["dbname"])
     home = tmp_path / "dagster_home"
     home.mkdir()
-    if variant == "image":
+    if variant == "repository":
         (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    elif variant == "image":
+        (home / "dagster.yaml").write_text(image_instance_yaml())
     else:
         (home / "dagster.yaml").write_text(yaml.safe_dump(helm_instance_yaml()))
     with DagsterInstance.from_config(str(home)) as instance:
@@ -328,6 +451,24 @@ def test_each_dagster_yaml_loads_with_the_cap_and_the_lease(variant, dsn, tmp_pa
             {"key": "oml/shard", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
         ]
         assert instance.get_runs() == []  # the storage answers
+        if variant == "image":
+            from dagster_docker import DockerRunLauncher
+
+            launcher = instance.run_launcher
+            assert isinstance(launcher, DockerRunLauncher)
+            assert launcher.networks == ["host"]
+            assert launcher.container_kwargs == {"init": True, "auto_remove": True}
+        if variant != "helm":
+            # Ticks do not pile up forever: skipped sensor ticks go after a day.
+            from dagster._core.definitions.run_request import InstigatorType
+            from dagster._core.scheduler.instigation import TickStatus
+
+            sensor = instance.get_tick_retention_settings(InstigatorType.SENSOR)
+            assert sensor[TickStatus.SKIPPED] == 1 and sensor[TickStatus.SUCCESS] == 14
+            assert (
+                instance.get_tick_retention_settings(InstigatorType.SCHEDULE)[TickStatus.SUCCESS]
+                == 90
+            )
 
 
 def _secret_like(key: str) -> bool:
@@ -357,6 +498,28 @@ def test_deploy_files_hold_no_credentials():
     walk(helm(), "values")
     (deployment,) = helm()["dagster-user-deployments"]["deployments"]
     assert not [e for e in deployment["env"] if e["name"].startswith("AWS_") and "KEY" in e["name"]]
+
+
+def test_the_workspace_validates(tmp_path):
+    """`dagster definitions validate` of the repository's workspace (deploy/smoke.sh validates the
+    deployed one, over gRPC, inside the webserver's container)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_")}
+    env["DAGSTER_HOME"] = str(tmp_path)
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate"]
+        + ["-w", str(REPO / "workspace.yaml")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "All code locations passed validation" in done.stderr + done.stdout
 
 
 # --- the compose commands, run here without containers -----------------------------------------
