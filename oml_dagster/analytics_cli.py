@@ -30,6 +30,7 @@ import psycopg
 from oml_dagster.settings import PG_DSN
 
 from .lake import analytics, db
+from .lake.policy import resolve_tenants
 from .lake.storage import Lake
 
 
@@ -125,8 +126,16 @@ def _interactive(tc: analytics.TenantConnection, as_json: bool) -> int:
             buffer = []
 
 
+def _known(tenant_id: str) -> None:
+    """With PostgreSQL configured, refuse a tenant it does not know (exit 2) before reading."""
+    if PG_DSN.is_set():
+        with db.connect(autocommit=True) as conn:
+            resolve_tenants(conn, [tenant_id])
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
+    _known(args.tenant)
     with analytics.tenant_connection(lake, args.tenant, lockdown=True) as tc:
         if not any(v.uri for v in tc.views.values()):
             print(
@@ -151,12 +160,22 @@ def cmd_areas_at(args: argparse.Namespace) -> int:
     if PG_DSN.is_set():
         try:
             with db.connect(autocommit=True) as conn:
+                resolve_tenants(conn, [args.tenant])
                 refused = analytics.refused_area_acts(conn, args.tenant)
         except psycopg.Error as error:
             print(
                 f"oml-lake areas-at: Postgres unreachable ({error}); bronze alone", file=sys.stderr
             )
     with analytics.tenant_connection(lake, args.tenant) as tc:
+        if not tc.views["bronze_events"].uri:
+            # No journal to replay: a lost lake (or one never drained), never an empty tree that
+            # "matches" an empty gold.areas.
+            print(
+                f"oml-lake areas-at: tenant {args.tenant} has no bronze.events under {lake.root} "
+                "(a lost lake, or one not drained yet: backfill or drain the tenant)",
+                file=sys.stderr,
+            )
+            return 1
         events = analytics.area_events(tc)
         replay = analytics.replay_areas(events, args.date, refused)
         latest = max((analytics.event_instant(e) for e in events), default=None)
@@ -184,7 +203,12 @@ def cmd_areas_at(args: argparse.Namespace) -> int:
     else:
         _print(
             f"tenant {args.tenant} workarea tree as of {as_of}: {len(rows)} nodes from "
-            f"{replay.events_applied} area events (through journal_seq {replay.last_journal_seq})"
+            f"{replay.events_applied} area events"
+            + (
+                f" (through journal_seq {replay.last_journal_seq})"
+                if replay.last_journal_seq is not None
+                else ""
+            )
         )
         columns = ["path", "workarea_id", "status", "parent_id", "crew_name", "updated_at"]
         _print(format_table(columns, [tuple(r[c] for c in columns) for r in rows]))

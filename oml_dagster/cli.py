@@ -13,20 +13,21 @@ import getpass
 import json
 import logging
 import os
+import signal
 import sys
 import traceback
 from typing import NoReturn
 
 from . import analytics_cli, maintenance_cli
 from .lake import db, deadletter, sequencer
-from .lake.doctor import DEFAULT_LAG_LIMIT, drained_through, examine
+from .lake.doctor import DEFAULT_LAG_LIMIT, HOLDS, drained_through, erasure_verdict, examine
 from .lake.drain import DrainPass, drain_riding_through
-from .lake.erasure import APPLIED, erased_artifacts, erasure_evidence
+from .lake.erasure import APPLIED
 from .lake.faults import Fault, RetryPolicy, describe, retrying
-from .lake.policy import erasure_cadence, known_tenants, lag
+from .lake.policy import erasure_cadence, lag, resolve_tenants
 from .lake.reconcile import reconcile
 from .lake.storage import Lake
-from .lake.writer import COMMITS, WriterConfig
+from .lake.writer import COMMITS, BatchResult, WriterConfig
 from .panics import native_panics_filtered
 from .settings import DEBUG, retry_bounds, writer_batch
 from .simulate.cli import register as register_simulate
@@ -96,36 +97,83 @@ def _retrying(fault: Fault, failures: int, wait: float) -> None:
     )
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a scheduler stopping the command) ends the drain as Ctrl-C does, with its
+    summary; the previous handler comes back after."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     lake = Lake.from_env()
     config = _writer_config(args.max_batch)
     policy = retry_policy()
     drained: set[str] = set()
+    tenants = None
+    if args.tenant:  # an unknown tenant is refused before anything is sequenced or written
+        with db.connect(autocommit=True) as conn:
+            tenants = resolve_tenants(conn, args.tenant)
+
+    committed = {"batches": 0, "ops": 0, "refused": 0}
+    reached: dict[str, int] = {}  # each tenant's last batch end this drain committed or refused
+
+    def on_batch(batch: BatchResult) -> None:
+        # Each batch as it lands, flushed: a drain stopped part way has said what it did.
+        drained.add(batch.tenant_id)
+        head = f"tenant {batch.tenant_id} batch ({batch.batch_start}, {batch.batch_end}]"
+        _print(f"{head}: {batch.ops} ops, {len(batch.refused)} refused")
+        for t in batch.tables:
+            if t.action in COMMITS:
+                _print(
+                    f"  {t.table}: {t.action} {t.rows} rows, txn {t.txn_after}, version {t.version}"
+                )
+        for seq, reason in sorted(batch.refused.items()):
+            _print(f"  dead-lettered seq {seq}: {reason}")
+        if batch.committed or batch.refused:
+            committed["batches"] += 1
+            committed["ops"] += batch.ops
+            committed["refused"] += len(batch.refused)
+            reached[batch.tenant_id] = batch.batch_end
 
     def on_pass(current: DrainPass) -> None:
         _report_cut(current.sequenced)
-        for batch in current.batches:
-            drained.add(batch.tenant_id)
-            head = f"tenant {batch.tenant_id} batch ({batch.batch_start}, {batch.batch_end}]"
-            _print(f"{head}: {batch.ops} ops, {len(batch.refused)} refused")
-            for t in batch.tables:
-                if t.action in COMMITS:
-                    _print(
-                        f"  {t.table}: {t.action} {t.rows} rows, txn {t.txn_after}, version {t.version}"
-                    )
-            for seq, reason in sorted(batch.refused.items()):
-                _print(f"  dead-lettered seq {seq}: {reason}")
 
-    passes = drain_riding_through(
-        lambda: db.connect(autocommit=True),
-        lake,
-        args.tenant or None,
-        retry=policy,
-        on_retry=_retrying,
-        until_idle=args.until_idle,
-        config=config,
-        on_pass=on_pass,
-    )
+    try:
+        with _terminate_as_interrupt():
+            passes = drain_riding_through(
+                lambda: db.connect(autocommit=True),
+                lake,
+                tenants,
+                retry=policy,
+                on_retry=_retrying,
+                until_idle=args.until_idle,
+                config=config,
+                on_pass=on_pass,
+                on_batch=on_batch,
+            )
+    except KeyboardInterrupt:
+        where = "; ".join(f"tenant {t} through seq {s}" for t, s in sorted(reached.items()))
+        print(
+            f"oml-lake drain: interrupted after {committed['batches']} committed batches "
+            f"({committed['ops']} ops, {committed['refused']} dead-lettered)"
+            f"{': ' + where if where else ''}. Nothing committed is lost; the next drain finishes "
+            "the batch under way (the fence skips what of it landed): rerun `oml-lake drain`",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
 
     # The closing lag is what the lake and PostgreSQL say now, not what this process drained:
     # another writer may have drained on meanwhile. It rides through faults as the drain does.
@@ -150,32 +198,31 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def _tenants(conn, named: list[str] | None) -> list[str]:
-    """The tenants named, else every tenant Postgres knows."""
-    return named or known_tenants(conn)
+    """The tenants named (each one Postgres knows, else exit 2), else every tenant it knows."""
+    return resolve_tenants(conn, named)
 
 
 def cmd_erasure_evidence(args: argparse.Namespace) -> int:
+    """Exit 1 unless the SLO holds for every tenant: a breach, or an erasure at risk (which waits
+    on an operator), is what `doctor` reports too, from the same verdict."""
     lake = Lake.from_env()
     cadence = _cadence(args.cadence_hours)
-    breached = False
+    unwell = False
     with db.connect(autocommit=True) as conn:
         for tenant_id in _tenants(conn, args.tenant):
-            evidence = erasure_evidence(conn, lake, tenant_id, cadence=cadence)
-            per_artifact = erased_artifacts(
-                conn, lake, tenant_id, cadence=cadence, now=evidence.checked_at
-            )
-            ok = evidence.ok and not per_artifact.overdue
-            breached |= not ok
+            verdict = erasure_verdict(conn, lake, tenant_id, cadence=cadence)
+            evidence, per_artifact = verdict.evidence, verdict.artifacts
+            unwell |= verdict.state != HOLDS
             if args.json:
                 report = per_artifact.as_dict()
-                report.update(ok=ok, findings=evidence.findings())
+                report.update(
+                    ok=verdict.state == HOLDS,
+                    verdict=verdict.as_dict(),
+                    findings=verdict.breaches + verdict.risks,
+                )
                 _print(json.dumps(report))
                 continue
-            verdict = "holds" if ok else "BREACHED"
-            _print(
-                f"tenant {tenant_id}: erasure SLO {verdict} (bound {evidence.bound}, cadence "
-                f"{cadence}; data files within {evidence.data_deadline} of supersession)"
-            )
+            _print(f"tenant {tenant_id}: {verdict.headline()}")
             for t in evidence.tables:
                 _print(
                     f"  {t.table}: {t.erased_rows} erased rows ({t.erased_rows_with_body} with a "
@@ -201,13 +248,11 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                     f"{a.erased_at:%Y-%m-%dT%H:%M:%SZ}, deadline {a.deadline:%Y-%m-%dT%H:%M:%SZ}: "
                     f"{copies}"
                 )
-            for finding in evidence.findings():
-                _print(f"  finding: {finding}")
-            for a in per_artifact.overdue:
-                _print(
-                    f"  finding: {a.artifact_id} v{a.version} still in the lake past its deadline"
-                )
-    return 1 if breached else 0
+            for line in verdict.breaches:
+                _print(f"  BREACH: {line}")
+            for line in verdict.risks:
+                _print(f"  at risk: {line}")
+    return 1 if unwell else 0
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -250,7 +295,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 f"{health.lag_ops} ops, {health.lag_seconds:.0f}s; {health.dead_letters} open "
                 f"dead letters; {len(health.checkpoint_overdue)} tables past their checkpoint "
                 f"interval; {len(health.failed_checks)} failed checks; "
-                f"{len(health.erasures_at_risk)} erasure deadlines at risk"
+                f"{health.erasure.headline()}"
             )
             for problem in health.problems:
                 _print(f"  {problem}")
@@ -259,16 +304,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_deadletter_list(args: argparse.Namespace) -> int:
     with db.connect(autocommit=True) as conn:
-        letters = deadletter.list_dead_letters(conn, args.tenant, include_requeued=args.all)
+        (tenant_id,) = resolve_tenants(conn, [args.tenant]) if args.tenant else (None,)
+        letters = deadletter.list_dead_letters(conn, tenant_id, include_requeued=args.all)
     for d in letters:
-        requeued = (
-            f" requeued {d.requeued_at:%Y-%m-%dT%H:%M:%SZ} by {d.requeued_by}"
-            if d.requeued_at
-            else ""
-        )
-        _print(f"seq {d.seq} tenant {d.tenant_id} {d.op}: {d.reason}{requeued}")
+        closed = ""
+        if d.requeued_at:
+            closed = f" [requeued {d.requeued_at:%Y-%m-%dT%H:%M:%SZ} by {d.requeued_by}]"
+        if d.resolved_at:
+            closed = (
+                f" [resolved {d.resolved_at:%Y-%m-%dT%H:%M:%SZ} by {d.resolved_by}: {d.resolution}]"
+            )
+        _print(f"seq {d.seq} tenant {d.tenant_id} {_refusal(d.op, d.reason)}{closed}")
     if not letters:
         _print("no dead letters")
+    return 0
+
+
+def _refusal(op: str, reason: str) -> str:
+    """`op: reason`, without the op twice when the reason already starts with it."""
+    return reason if reason.startswith(f"{op}:") else f"{op}: {reason}"
+
+
+def cmd_deadletter_resolve(args: argparse.Namespace) -> int:
+    with db.connect(autocommit=True) as conn:
+        when = deadletter.resolve(conn, args.seq, args.by, args.reason)
+    _print(f"resolved dead letter {args.seq} at {when:%Y-%m-%dT%H:%M:%SZ} by {args.by.strip()}")
     return 0
 
 
@@ -361,13 +421,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ls = dl.add_parser("list", help="list dead letters")
     ls.add_argument("--tenant")
-    ls.add_argument("--all", action="store_true", help="include re-enqueued ones")
+    ls.add_argument("--all", action="store_true", help="include re-enqueued and resolved ones")
     ls.set_defaults(func=cmd_deadletter_list)
     rq = dl.add_parser("requeue", help="re-enqueue a dead letter after a fix")
     rq.add_argument("seq", type=int)
     rq.add_argument("--by", default=getpass.getuser(), help="who re-enqueues (recorded)")
     rq.add_argument("--payload", help="a corrected payload (JSON); default: the stored one")
     rq.set_defaults(func=cmd_deadletter_requeue)
+    rs = dl.add_parser(
+        "resolve",
+        help="close a dead letter that is wrong for good (kept for audit; the op stays refused)",
+    )
+    rs.add_argument("seq", type=int)
+    rs.add_argument("--reason", required=True, help="why it is closed (recorded)")
+    rs.add_argument("--by", default=getpass.getuser(), help="who resolves it (recorded)")
+    rs.set_defaults(func=cmd_deadletter_resolve)
     maintenance_cli.register(sub)
     analytics_cli.register(sub)
     register_simulate(sub)

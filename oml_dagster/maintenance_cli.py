@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from .lake import db, maintenance
-from .lake.policy import known_tenants
+from .lake.doctor import lost_tables
+from .lake.policy import resolve_tenants
 from .lake.storage import Lake
 
 
@@ -18,17 +19,29 @@ def _print(*parts: object) -> None:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
+    """Exit 1 when a tenant's lake (or a table of it) that the frontier says exists is missing:
+    nothing to maintain there is a finding, not a success."""
     lake = Lake.from_env()
+    found = False
     with db.connect(autocommit=True) as conn:
-        tenants = args.tenant or known_tenants(conn)
+        tenants = resolve_tenants(conn, args.tenant)
         if not tenants:
             _print("no tenants")
         for tenant_id in tenants:
             results = maintenance.maintain(
                 conn, lake, tenant_id, args.task, target_size=args.target_size
             )
+            lost = lost_tables(conn, lake, tenant_id)
+            if lost:
+                found = True
+                _print(
+                    f"tenant {tenant_id}: FINDING {len(lost)} tables the frontier records are "
+                    f"missing under {lake.root} ({', '.join(lost)}): a lost lake, backfill the "
+                    "tenant"
+                )
             if not results:
-                _print(f"tenant {tenant_id}: no lake tables")
+                if not lost:
+                    _print(f"tenant {tenant_id}: no lake tables (nothing drained yet)")
                 continue
             for result in results:
                 _print(f"tenant {tenant_id} {result.describe()}")
@@ -39,7 +52,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 f"({sums['bytes_removed']} bytes), {sums['commits']} commits, "
                 f"{sums['duration_seconds']:.2f}s"
             )
-    return 0
+    return 1 if found else 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

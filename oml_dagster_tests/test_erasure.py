@@ -274,7 +274,9 @@ def test_erasure_evidence_reports_dead_lettered_and_waiting_erases(conn, lake):
     assert erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE).pending_erases == []
 
 
-def test_erasure_evidence_command_exits_nonzero_on_a_breach(conn, dsn, lake):
+def test_erasure_evidence_command_exits_nonzero_on_a_dead_lettered_erase(conn, dsn, lake):
+    """A dead-lettered erase is a breach in progress (spec): at risk, naming it, exit 1 — and
+    `doctor` says the same from the same verdict."""
     import subprocess
     import sys
 
@@ -291,8 +293,8 @@ def test_erasure_evidence_command_exits_nonzero_on_a_breach(conn, dsn, lake):
         timeout=120,
     )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"tenant {keys.tenant_id}: erasure SLO BREACHED" in done.stdout
-    assert "dead-lettered at seq" in done.stdout
+    assert f"tenant {keys.tenant_id}: erasure SLO AT RISK (bound 2 s + cadence 1 day" in done.stdout
+    assert "dead-lettered: a breach in progress" in done.stdout
 
 
 def erase_a_claim_written_long_ago(conn, lake: Lake, bound: dt.timedelta, age: dt.timedelta):

@@ -162,8 +162,9 @@ def test_queries_from_stdin_and_errors(capsys, monkeypatch, two_tenants):
     code, _, err = sql(capsys, "--tenant", a, "SELECT no_such_column FROM silver_claims")
     assert code == 1 and "no_such_column" in err
 
-    code, _, err = sql(capsys, "--tenant", new_id(), "SELECT 1")
-    assert code == 1 and "no lake tables" in err
+    unknown = new_id()
+    code, _, err = sql(capsys, "--tenant", unknown, "SELECT 1")
+    assert code == 2 and f"tenant {unknown} is not known to PostgreSQL" in err
 
     with pytest.raises(SystemExit) as exit_:
         cli.main(["sql", "--tenant", "../" + a, "SELECT 1"])

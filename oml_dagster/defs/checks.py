@@ -23,7 +23,8 @@ from collections.abc import Iterator
 import dagster as dg
 
 from oml_dagster.lake import reconcile as rc
-from oml_dagster.lake.erasure import erased_artifacts, erasure_evidence
+from oml_dagster.lake.doctor import AT_RISK, HOLDS, erasure_verdict
+from oml_dagster.lake.erasure import erased_artifacts
 
 from .assets import CURATED, OUTBOX, SILVER, TABLE_OF
 from .jobs import ERASURE_EVIDENCE
@@ -109,7 +110,7 @@ def reconciler(
 
 def _evidence(read, context, postgres: PostgresResource, lake: LakeResource):
     """(the maintenance cadence the erasure SLO allows, `read`'s evidence of the partition's
-    tenant under it): `read` is `erasure_evidence` or `erased_artifacts`."""
+    tenant under it): `read` is `erasure_verdict` or `erased_artifacts`."""
     cadence = dt.timedelta(seconds=settings.erasure_cadence_seconds)
     with postgres.connect() as conn:
         return cadence, read(conn, lake.get_lake(), context.partition_key, cadence=cadence)
@@ -124,13 +125,21 @@ def _evidence(read, context, postgres: PostgresResource, lake: LakeResource):
 def erasure_slo_holds(
     context: dg.AssetCheckExecutionContext, postgres: PostgresResource, lake: LakeResource
 ) -> dg.AssetCheckResult:
-    """Erasure evidence: no erased row keeps a body; no superseded or orphan data file of silver
-    or a curated table is older than the tenant's erasure bound + one maintenance cadence; no
-    erase is dead-lettered or waiting past that."""
-    cadence, evidence = _evidence(erasure_evidence, context, postgres, lake)
+    """The erasure SLO verdict `oml-lake erasure-evidence` and `oml-lake doctor` print
+    (`lake.doctor.erasure_verdict`): fails as an error when breached (an erased body past its
+    deadline still in the lake, an erased row with a body, an erase waiting past the deadline),
+    as a warning when at risk (a dead-lettered erase, a body within one cadence of its
+    deadline)."""
+    cadence, verdict = _evidence(erasure_verdict, context, postgres, lake)
+    evidence = verdict.evidence
     return dg.AssetCheckResult(
-        passed=evidence.ok,
+        passed=verdict.state == HOLDS,
+        severity=dg.AssetCheckSeverity.WARN
+        if verdict.state == AT_RISK
+        else dg.AssetCheckSeverity.ERROR,
+        description=verdict.headline(),
         metadata={
+            "verdict": verdict.state,
             "erasure_bound_seconds": evidence.bound.total_seconds(),
             "cadence_seconds": cadence.total_seconds(),
             "erased_rows": sum(t.erased_rows for t in evidence.tables),
@@ -139,7 +148,9 @@ def erasure_slo_holds(
             "overdue_log_entries": sum(len(t.overdue_log_entries) for t in evidence.tables),
             "dead_lettered_erases": len(evidence.dead_lettered_erases),
             "pending_erases": len(evidence.pending_erases),
-            "findings": evidence.findings()[:SAMPLE],
+            "breaches": len(verdict.breaches),
+            "at_risk": len(verdict.risks),
+            "findings": (verdict.breaches + verdict.risks)[:SAMPLE],
         },
     )
 

@@ -1,5 +1,6 @@
 """Dead letters (DESIGN §2): ops the writer refused, keyed by seq so a replay or an overlapping
-writer records each once; listing them and re-enqueueing one after an operator's fix."""
+writer records each once; listing them, re-enqueueing one after an operator's fix, and resolving one that is wrong for good
+(kept for audit, no longer an open finding)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class DeadLetter:
     requeued_at: Any
     requeued_by: str | None
     requeued_id: int | None
+    resolved_at: Any = None
+    resolved_by: str | None = None
+    resolution: str | None = None
 
 
 def record(conn, seq, tenant_id, journal_seq, op, payload, reason) -> None:
@@ -70,9 +74,11 @@ def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) ->
         ).fetchone()
         if row is None:
             raise RequeueError(f"no dead letter with seq {seq}")
-        tenant_id, op, stored, requeued_at = row
+        tenant_id, op, stored, requeued_at, resolved_at = row
         if requeued_at is not None:
             raise RequeueError(f"dead letter {seq} was already re-enqueued at {requeued_at}")
+        if resolved_at is not None:
+            raise RequeueError(f"dead letter {seq} was resolved at {resolved_at}")
         last = conn.execute(queries.LAST_JOURNAL_SEQ, (tenant_id,)).fetchone()
         new_id = conn.execute(
             queries.REQUEUE_INTO_OUTBOX,
@@ -83,3 +89,24 @@ def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) ->
             (by, new_id, seq),
         )
     return new_id
+
+
+def resolve(conn: psycopg.Connection, seq: int, by: str, reason: str) -> Any:
+    """Close dead letter `seq` for good: who and why are recorded beside it (`list --all` shows
+    them), it is no longer an open finding, and the op stays refused. Returns when it was
+    resolved. One already re-enqueued or resolved is refused (`RequeueError`)."""
+    reason, by = reason.strip(), by.strip()
+    if not reason:
+        raise RequeueError(f"resolving dead letter {seq} needs a reason (--reason)")
+    if not by:
+        raise RequeueError(f"resolving dead letter {seq} needs a name (--by)")
+    with conn.transaction():
+        row = conn.execute(queries.DEAD_LETTER_FOR_REQUEUE, (seq,)).fetchone()
+        if row is None:
+            raise RequeueError(f"no dead letter with seq {seq}")
+        _, _, _, requeued_at, resolved_at = row
+        if requeued_at is not None:
+            raise RequeueError(f"dead letter {seq} was re-enqueued at {requeued_at}")
+        if resolved_at is not None:
+            raise RequeueError(f"dead letter {seq} was already resolved at {resolved_at}")
+        return conn.execute(queries.MARK_RESOLVED, (by, reason, seq)).fetchone()[0]

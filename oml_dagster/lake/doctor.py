@@ -1,9 +1,19 @@
-"""`oml-lake doctor`: one screen per tenant of what needs an operator — drain lag (sequenced ops
-newer than the newest batch the tenant's Delta logs record, and the age of the oldest; an operator
-is needed past a limit), open dead letters,
-tables whose log is a checkpoint interval or more past its last checkpoint, failed reconciler
-checks, and erasure deadlines at risk (a dead-lettered erase, or an erased body still in the lake
-or an erase still waiting within one maintenance cadence of its deadline)."""
+"""What is healthy, decided once: `oml-lake doctor`, `oml-lake reconcile`, `oml-lake
+erasure-evidence` and the Dagster checks all read their verdicts from here, so they tell an
+operator the same story.
+
+- drain lag: sequenced ops newer than the newest batch the tenant's Delta logs record, and the
+  age of the oldest; an operator is needed past a limit;
+- open dead letters (neither re-enqueued nor resolved): every one is a failed reconciler check
+  (`no_open_dead_letters`) and a doctor problem alike;
+- tables whose log is a checkpoint interval or more past its last checkpoint;
+- failed reconciler checks, every one, counted the same way everywhere;
+- a lost lake: tables the frontier cache records that the lake no longer has;
+- the erasure SLO, one verdict (`erasure_verdict`) with its bound and cadence stated:
+  **breached** when an erased body is past its deadline (bound + one maintenance cadence) still
+  in the lake, an erased row still carries a body, or an erase waits past the deadline;
+  **at risk** when a dead-lettered erase waits on an operator, or an erased body is within one
+  cadence of its deadline; **holds** otherwise."""
 
 from __future__ import annotations
 
@@ -15,13 +25,134 @@ import psycopg
 
 from . import queries
 from .deltalog import last_checkpoint
-from .erasure import DEFAULT_CADENCE, ErasedArtifact, erased_artifacts
+from .erasure import (
+    DEAD_LETTERED,
+    DEFAULT_CADENCE,
+    ArtifactEvidence,
+    ErasedArtifact,
+    ErasureEvidence,
+    erased_artifacts,
+    erasure_evidence,
+)
 from .policy import lag
-from .reconcile import DEAD_LETTERS, reconcile
+from .reconcile import reconcile
 from .storage import Lake, tenant_tables
 from .tables import APP_ID, CHECKPOINT_INTERVAL
 
 DEFAULT_LAG_LIMIT = dt.timedelta(minutes=15)
+
+HOLDS, AT_RISK, BREACHED = "holds", "at risk", "breached"
+
+
+def span(delta: dt.timedelta) -> str:
+    """A duration as an operator reads it: "7 days", "1 day 6 h", "36 min", "45 s"."""
+    seconds = int(delta.total_seconds())
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days} day{'s' if days != 1 else ''}"] if days else []
+    parts += [f"{hours} h"] if hours else []
+    parts += [f"{minutes} min"] if minutes else []
+    if secs or not parts:
+        parts.append(f"{secs} s")
+    return " ".join(parts)
+
+
+@dataclass
+class ErasureVerdict:
+    """The erasure SLO of one tenant, decided once (module docstring): its state, the bound and
+    cadence it was judged by, and one line per breach and per risk."""
+
+    tenant_id: str
+    bound: dt.timedelta
+    cadence: dt.timedelta
+    breaches: list[str] = field(default_factory=list)
+    risks: list[str] = field(default_factory=list)
+    evidence: ErasureEvidence | None = None
+    artifacts: ArtifactEvidence | None = None
+    # The erased versions at risk (not yet past their deadline), one per risk line.
+    at_risk_versions: list[ErasedArtifact] = field(default_factory=list)
+
+    @property
+    def state(self) -> str:
+        return BREACHED if self.breaches else AT_RISK if self.risks else HOLDS
+
+    @property
+    def deadline(self) -> dt.timedelta:
+        return self.bound + self.cadence
+
+    def headline(self) -> str:
+        return (
+            f"erasure SLO {self.state if self.state == HOLDS else self.state.upper()} (bound "
+            f"{span(self.bound)} + cadence {span(self.cadence)}: an erased body leaves the lake "
+            f"within {span(self.deadline)} of its erase; {len(self.breaches)} breaches, "
+            f"{len(self.risks)} at risk)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "bound_seconds": self.bound.total_seconds(),
+            "cadence_seconds": self.cadence.total_seconds(),
+            "breaches": self.breaches,
+            "at_risk": self.risks,
+        }
+
+
+def erasure_verdict(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    *,
+    cadence: dt.timedelta = DEFAULT_CADENCE,
+    now: dt.datetime | None = None,
+) -> ErasureVerdict:
+    """The tenant's erasure SLO verdict from the table evidence and the per-version evidence,
+    read at one instant."""
+    evidence = erasure_evidence(conn, lake, tenant_id, cadence=cadence, now=now)
+    artifacts = erased_artifacts(conn, lake, tenant_id, cadence=cadence, now=evidence.checked_at)
+    verdict = ErasureVerdict(
+        tenant_id, evidence.bound, cadence, evidence=evidence, artifacts=artifacts
+    )
+    for t in evidence.tables:
+        if t.erased_rows_with_body:
+            verdict.breaches.append(
+                f"{t.table}: {t.erased_rows_with_body} erased rows still carry a body"
+            )
+        if t.overdue_files:
+            verdict.breaches.append(
+                f"{t.table}: {len(t.overdue_files)} unreferenced data files older than "
+                f"{span(evidence.data_deadline)}, e.g. {t.overdue_files[0]}"
+            )
+        if t.overdue_log_entries:
+            verdict.breaches.append(
+                f"{t.table}: {len(t.overdue_log_entries)} expired log entries below the last "
+                f"checkpoint, e.g. {t.overdue_log_entries[0]}"
+            )
+    for outbox_id, artifact_id, age in evidence.overdue_pending_erases:
+        verdict.breaches.append(
+            f"erase of {artifact_id} (outbox row {outbox_id}) waiting {span(dt.timedelta(seconds=age))}"
+        )
+    overdue = {(a.artifact_id, a.version) for a in artifacts.overdue}
+    for a in artifacts.overdue:
+        verdict.breaches.append(
+            f"erasure of {a.artifact_id} v{a.version} ({a.status}) past its deadline "
+            f"{a.deadline:%Y-%m-%dT%H:%M:%SZ}: {len(a.copies)} copies left"
+        )
+    for a in artifacts.at_risk():
+        if (a.artifact_id, a.version) in overdue:
+            continue
+        why = (
+            "dead-lettered: a breach in progress, waits on an operator"
+            if a.status == DEAD_LETTERED
+            else a.status
+        )
+        verdict.at_risk_versions.append(a)
+        verdict.risks.append(
+            f"erasure of {a.artifact_id} v{a.version} ({why}) at risk: deadline "
+            f"{a.deadline:%Y-%m-%dT%H:%M:%SZ}, {len(a.copies)} copies left"
+        )
+    return verdict
 
 
 @dataclass
@@ -35,7 +166,8 @@ class TenantHealth:
     checkpoint_overdue: list[tuple[str, int]] = field(default_factory=list)
     # (table/check, findings, first finding)
     failed_checks: list[tuple[str, int, str]] = field(default_factory=list)
-    erasures_at_risk: list[ErasedArtifact] = field(default_factory=list)
+    erasure: ErasureVerdict | None = None
+    lost_tables: list[str] = field(default_factory=list)
     lag_limit: dt.timedelta = DEFAULT_LAG_LIMIT
 
     @property
@@ -51,20 +183,27 @@ class TenantHealth:
             out.append(
                 f"{self.dead_letters} open dead letters ({self.dead_lettered_erases} erases)"
             )
+        if self.lost_tables:
+            out.append(
+                f"a lost lake: {len(self.lost_tables)} tables the frontier records are missing "
+                f"({', '.join(self.lost_tables)}): backfill the tenant"
+            )
         for table, behind in self.checkpoint_overdue:
             out.append(f"{table}: {behind} versions since its last checkpoint")
         for name, count, first in self.failed_checks:
             out.append(f"check {name} failed: {count} findings, e.g. {first}")
-        for a in self.erasures_at_risk:
-            out.append(
-                f"erasure of {a.artifact_id} v{a.version} ({a.status}) at risk: deadline "
-                f"{a.deadline:%Y-%m-%dT%H:%M:%SZ}, {len(a.copies)} copies left"
-            )
+        if self.erasure is not None:
+            out.extend(f"erasure SLO breached: {line}" for line in self.erasure.breaches)
+            out.extend(line for line in self.erasure.risks)
         return out
 
     @property
     def healthy(self) -> bool:
         return not self.problems
+
+    @property
+    def erasures_at_risk(self) -> list[ErasedArtifact]:
+        return self.erasure.at_risk_versions if self.erasure else []
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +217,8 @@ class TenantHealth:
             "failed_checks": [
                 {"check": n, "findings": c, "first": f} for n, c, f in self.failed_checks
             ],
+            "lost_tables": self.lost_tables,
+            "erasure": self.erasure.as_dict() if self.erasure else None,
             "erasures_at_risk": [a.as_dict() for a in self.erasures_at_risk],
             "problems": self.problems,
         }
@@ -92,6 +233,17 @@ def drained_through(lake: Lake, tenant_id: str) -> int:
         if table is not None:
             txns.append(table.transaction_version(APP_ID) or 0)
     return max(txns, default=0)
+
+
+def lost_tables(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[str]:
+    """The tenant's tables that the frontier cache says were committed to (a txn above 0) and
+    the lake no longer has: a lost lake, or a part of one. Empty for a tenant never drained."""
+    present = {name for name, _, _ in tenant_tables(lake, tenant_id)}
+    return sorted(
+        name
+        for name, txn, _ in conn.execute(queries.FRONTIER_VERSIONS, (tenant_id,))
+        if txn and name not in present
+    )
 
 
 def examine(
@@ -124,12 +276,11 @@ def examine(
         queries.OPEN_DEAD_LETTER_COUNTS,
         (tenant_id,),
     ).fetchone()
+    # Every failed reconciler check, open dead letters included: the count `reconcile` shows.
     for result in reconcile(conn, lake, tenant_id).failed():
-        if result.name == DEAD_LETTERS:
-            continue  # counted above
         health.failed_checks.append(
             (f"{result.table}/{result.name}", len(result.findings), result.samples(1)[0])
         )
-    evidence = erased_artifacts(conn, lake, tenant_id, cadence=cadence, now=now)
-    health.erasures_at_risk = evidence.at_risk()
+    health.lost_tables = lost_tables(conn, lake, tenant_id)
+    health.erasure = erasure_verdict(conn, lake, tenant_id, cadence=cadence, now=now)
     return health

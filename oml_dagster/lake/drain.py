@@ -200,6 +200,7 @@ def drain_riding_through(
     retry: RetryPolicy,
     on_retry: Callable[[Fault, int, float], None] | None = None,
     on_pass: Callable[[DrainPass], None] | None = None,
+    on_batch: Callable[[BatchResult], None] | None = None,
     max_seconds: float | None = None,
     poll_seconds: float | None = None,
     **options,
@@ -225,6 +226,8 @@ def drain_riding_through(
 
     def batch_ended(result: BatchResult) -> None:
         moved[0] |= bool(result.committed or result.refused)
+        if on_batch is not None:
+            on_batch(result)
 
     def attempt() -> None:
         left = None

@@ -44,8 +44,14 @@ class BatchTimeout(LakeError):
     batch was recorded or committed, so the next run starts it again."""
 
 
+class UnknownTenant(LakeError):
+    """A tenant named on the command line is not a UUID, or PostgreSQL does not know it (no
+    policy, sequencer or outbox row): refused before anything is read or written."""
+
+
 class RequeueError(LakeError):
-    """A dead letter cannot be re-enqueued: there is none with that seq, or it was already."""
+    """A dead letter cannot be re-enqueued or resolved: there is none with that seq, it was
+    already, or the resolution lacks its reason or name."""
 
 
 class InvalidSetting(LakeError, ValueError):

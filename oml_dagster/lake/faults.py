@@ -27,6 +27,7 @@ from .errors import (
     InvalidSetting,
     LakeError,
     RequeueError,
+    UnknownTenant,
     UnsupportedObjectStore,
     VerdictConflict,
 )
@@ -322,6 +323,8 @@ def _own(error: BaseException) -> Fault | None:
         return Fault(False, type(error).__name__, "", str(error), EXIT_PERMANENT)
     if isinstance(error, RequeueError):
         return Fault(False, "refused", "", str(error), EXIT_USAGE)
+    if isinstance(error, UnknownTenant):
+        return Fault(False, "unknown tenant", "", str(error), EXIT_USAGE)
     if isinstance(error, BatchTimeout):
         return Fault(
             False,

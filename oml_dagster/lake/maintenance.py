@@ -124,7 +124,13 @@ class MaintenanceResult:
         elif self.operation == LOG_CLEANUP:
             body = (
                 f"removed {self.files_removed} log files ({_size(self.bytes_removed)}); kept "
-                f"{self.files_after} (checkpoint at {self.checkpoint_version})"
+                f"{self.files_after} ("
+                + (
+                    f"checkpoint at {self.checkpoint_version}"
+                    if self.checkpoint_version is not None
+                    else "no checkpoint yet"
+                )
+                + ")"
             )
         elif self.operation == CHECKPOINT and self.changed:
             body = f"checkpoint at version {self.checkpoint_version}"

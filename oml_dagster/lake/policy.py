@@ -6,12 +6,15 @@ erasure SLO allows, and how far a tenant's drain lags its outbox."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
+from collections.abc import Sequence
 
 import psycopg
 
 from oml_dagster.settings import ERASURE_CADENCE_SECONDS
 
 from . import queries
+from .errors import UnknownTenant
 
 # A tenant without a policy row gets this bound (oml.tenant_policy's own default).
 DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
@@ -23,6 +26,33 @@ def known_tenants(conn: psycopg.Connection) -> list[str]:
     """Every tenant the policy table or the sequencer knows, in id order: the tenants the command
     line, maintenance and the sensor's partitions cover when none is named."""
     return sorted(t for (t,) in conn.execute(queries.KNOWN_TENANTS))
+
+
+def resolve_tenants(conn: psycopg.Connection, named: Sequence[str] | None) -> list[str]:
+    """The tenants a command covers: every tenant Postgres knows when none is named, else the
+    ones named, each a UUID that Postgres knows (a policy, sequencer or outbox row), in the order
+    given, once each. An unknown one is refused (`UnknownTenant`, exit 2) before anything is read
+    or written: a mistyped id must never get a clean "ok"."""
+    known = known_tenants(conn)
+    if not named:
+        return known
+    resolved: list[str] = []
+    for text in named:
+        try:
+            tenant_id = str(uuid.UUID(text))
+        except ValueError:
+            raise UnknownTenant(f"tenant {text!r} is not a UUID") from None
+        if (
+            tenant_id not in known
+            and not conn.execute(queries.TENANT_IN_OUTBOX, (tenant_id,)).fetchone()[0]
+        ):
+            raise UnknownTenant(
+                f"tenant {tenant_id} is not known to PostgreSQL (no policy, sequencer or outbox "
+                f"row; {len(known)} tenants are): check the id, or `oml-lake doctor` lists them"
+            )
+        if tenant_id not in resolved:
+            resolved.append(tenant_id)
+    return resolved
 
 
 def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:

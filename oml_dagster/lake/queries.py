@@ -219,7 +219,7 @@ OUTBOX_THROUGH = (
 # A tenant's erase acts with their dead letter, if any (the erasure evidence).
 ERASE_ACTS = (
     "SELECT o.id, o.seq, o.payload, o.created_at, d.seq IS NOT NULL,"
-    " d.seq IS NOT NULL AND d.requeued_at IS NULL, d.reason"
+    " d.seq IS NOT NULL AND d.requeued_at IS NULL AND d.resolved_at IS NULL, d.reason"
     " FROM oml.outbox o LEFT JOIN oml.lake_dead_letter d ON d.seq = o.seq"
     " WHERE o.tenant_id = %s AND o.op = 'claim.erase' ORDER BY o.id"
 )
@@ -330,26 +330,33 @@ REFUSED_THROUGH = "SELECT seq FROM oml.lake_dead_letter WHERE tenant_id = %s AND
 # `DEAD_LETTERS_ORDER`.
 DEAD_LETTERS_LIST = (
     "SELECT seq, tenant_id::text, journal_seq, op, payload, reason, refused_at,"
-    " requeued_at, requeued_by, requeued_id FROM oml.lake_dead_letter WHERE true"
+    " requeued_at, requeued_by, requeued_id, resolved_at, resolved_by, resolution"
+    " FROM oml.lake_dead_letter WHERE true"
 )
 DEAD_LETTERS_OF_TENANT = " AND tenant_id = %s"
-DEAD_LETTERS_OPEN = " AND requeued_at IS NULL"
+# Open: neither re-enqueued nor resolved by an operator.
+DEAD_LETTERS_OPEN = " AND requeued_at IS NULL AND resolved_at IS NULL"
 DEAD_LETTERS_ORDER = " ORDER BY seq"
 OPEN_DEAD_LETTERS = (
     "SELECT seq, op, payload, reason, refused_at FROM oml.lake_dead_letter"
-    " WHERE tenant_id = %s AND requeued_at IS NULL ORDER BY seq"
+    " WHERE tenant_id = %s AND requeued_at IS NULL AND resolved_at IS NULL ORDER BY seq"
 )
 OPEN_DEAD_LETTER_COUNTS = (
     "SELECT count(*), count(*) FILTER (WHERE op = 'claim.erase') FROM oml.lake_dead_letter"
-    " WHERE tenant_id = %s AND requeued_at IS NULL"
+    " WHERE tenant_id = %s AND requeued_at IS NULL AND resolved_at IS NULL"
 )
 DEAD_LETTER_FOR_REQUEUE = (
-    "SELECT tenant_id, op, payload, requeued_at FROM oml.lake_dead_letter WHERE seq = %s FOR UPDATE"
+    "SELECT tenant_id, op, payload, requeued_at, resolved_at FROM oml.lake_dead_letter"
+    " WHERE seq = %s FOR UPDATE"
 )
 LAST_JOURNAL_SEQ = "SELECT last_journal_seq FROM oml.sequencer_tenant WHERE tenant_id = %s"
 REQUEUE_INTO_OUTBOX = (
     "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload)"
     " VALUES (%s, %s, %s, %s) RETURNING id"
+)
+MARK_RESOLVED = (
+    "UPDATE oml.lake_dead_letter SET resolved_at = now(), resolved_by = %s, resolution = %s"
+    " WHERE seq = %s RETURNING resolved_at"
 )
 MARK_REQUEUED = (
     "UPDATE oml.lake_dead_letter SET requeued_at = now(), requeued_by = %s,"
@@ -367,6 +374,8 @@ SELECT tenant_id::text FROM (
     SELECT tenant_id FROM oml.tenant_policy UNION SELECT tenant_id FROM oml.sequencer_tenant
 ) known
 """
+# Whether any outbox row names the tenant (a producer's first ops, not yet sequenced).
+TENANT_IN_OUTBOX = "SELECT EXISTS (SELECT 1 FROM oml.outbox WHERE tenant_id = %s)"
 ERASURE_BOUND = "SELECT lake_erasure_bound FROM oml.tenant_policy WHERE tenant_id = %s"
 # (ops sequenced above a seq, the oldest one's created_at) of a tenant.
 OUTBOX_LAG = "SELECT count(*), min(created_at) FROM oml.outbox WHERE tenant_id = %s AND seq > %s"
