@@ -72,7 +72,12 @@ cleanup() {
     done
     for pid in $alive; do kill -KILL "$pid" 2>/dev/null || true; done
   fi
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  # The background helpers and what they started (OML_DEMO_SECONDS' timer is a subshell whose
+  # `sleep` would otherwise outlive the demo).
+  for pid in "${PIDS[@]}"; do
+    for child in $(descendants "$pid"); do kill -TERM "$child" 2>/dev/null || true; done
+    kill -TERM "$pid" 2>/dev/null || true
+  done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   stop_postgres
 }
