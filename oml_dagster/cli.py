@@ -28,7 +28,7 @@ from .lake.policy import erasure_cadence, lag, resolve_tenants
 from .lake.reconcile import reconcile
 from .lake.storage import Lake
 from .lake.writer import COMMITS, BatchResult, WriterConfig
-from .panics import native_panics_filtered
+from .panics import native_panics_filtered, terminal_stderr
 from .settings import DEBUG, retry_bounds, writer_batch
 from .simulate.cli import register as register_simulate
 
@@ -150,6 +150,20 @@ def cmd_drain(args: argparse.Namespace) -> int:
     def on_pass(current: DrainPass) -> None:
         _report_cut(current.sequenced)
 
+    # With the batch lines going to a file or pipe and a terminal on stderr, a progress bar of
+    # the ops drained shows a long drain moving (on a terminal the batch lines themselves do).
+    bar = None
+    terminal = terminal_stderr() if not sys.stdout.isatty() else None
+    if terminal is not None:
+        from tqdm import tqdm
+
+        bar = tqdm(unit=" ops", file=terminal, desc="drained")
+        shown = on_batch
+
+        def on_batch(batch: BatchResult) -> None:  # noqa: F811
+            shown(batch)
+            bar.update(batch.ops)
+
     try:
         with _terminate_as_interrupt():
             passes = drain_riding_through(
@@ -174,6 +188,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 130
+    finally:
+        if bar is not None:
+            bar.close()
 
     # The closing lag is what the lake and PostgreSQL say now, not what this process drained:
     # another writer may have drained on meanwhile. It rides through faults as the drain does.

@@ -20,6 +20,9 @@ from collections.abc import Iterator
 
 # "thread 'tokio-rt-worker' (29756) panicked at /path/buffered.rs:369:41:" (Rust >= 1.80 adds
 # the thread id; older releases print "thread 'name' panicked at").
+# The terminal stderr was before the filter took fd 2 (None: not filtered, or not a terminal).
+_terminal: int | None = None
+
 _PANIC = re.compile(rb"^thread '[^']*'( \(\d+\))? panicked at ")
 # What follows a report's message: the backtrace, its frames, Rust's notes and blank lines.
 _REPORT_TAIL = re.compile(rb"^(stack backtrace:|note: |\s+\d+: |\s+at )")
@@ -71,7 +74,10 @@ def native_panics_filtered(enabled: bool = True) -> Iterator[None]:
         return
     with contextlib.suppress(Exception):
         sys.stderr.flush()
+    global _terminal
     original = os.dup(2)
+    if os.isatty(original):
+        _terminal = original
     read_fd, write_fd = os.pipe()
     os.dup2(write_fd, 2)
     os.close(write_fd)
@@ -87,4 +93,15 @@ def native_panics_filtered(enabled: bool = True) -> Iterator[None]:
         os.dup2(original, 2)  # closes the pipe's last writer: the reader drains and ends
         # A child process still holding the pipe keeps it open: wait a little, not for ever.
         reader.join(timeout=2.0)
+        _terminal = None
         os.close(original)
+
+
+def terminal_stderr():
+    """A text stream on the terminal behind stderr, for what redraws a line (a progress bar):
+    the filter passes whole lines only. None when stderr is no terminal."""
+    if _terminal is not None:
+        return os.fdopen(os.dup(_terminal), "w", buffering=1)
+    if sys.stderr.isatty():
+        return sys.stderr
+    return None
