@@ -52,6 +52,8 @@ KIND = {"outbox": "Postgres"} | {n: "DuckDB" for n, g in NODES.items() if g == "
 # The outbox's downstream lineage holds the whole graph; a large window keeps node details.
 GRAPH_PATH = "/assets/postgres/outbox?view=lineage&lineageScope=downstream&lineageDepth=4"
 WINDOW = "--window-size=3600,2000"
+# The picture: a window the graph fills (Dagster fits it to the view), drawn at twice the pixels.
+SHOT_WINDOW = ["--window-size=2100,1200", "--force-device-scale-factor=2"]
 SCREENSHOT = REPO / "docs" / "ui-asset-graph.png"
 
 
@@ -186,7 +188,7 @@ def test_the_asset_graph_shows_the_lake_with_tenant_partitions(conn, lake, tmp_p
             tokens = text_of(dom.stdout.decode(errors="replace"))
             shot = tmp_path / "ui-asset-graph.png"
             chromium(
-                [WINDOW, "--virtual-time-budget=20000", f"--screenshot={shot}", url],
+                [*SHOT_WINDOW, "--virtual-time-budget=20000", f"--screenshot={shot}", url],
                 tmp_path / "profile-shot",
             )
 
