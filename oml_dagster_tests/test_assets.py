@@ -223,6 +223,18 @@ def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):
     assert record.partition == work.tenant_id
     assert AssetKey(["silver", "claims"]) in {e.asset_key for e in evaluations}
 
+    # An operator resolves the dead letter for good: the check passes and shows who and why.
+    from oml_dagster.lake import deadletter
+
+    (letter,) = deadletter.list_dead_letters(conn, work.tenant_id)
+    deadletter.resolve(conn, letter.seq, "ana", "forged promotion, rejected")
+    again = job.execute_in_process(partition_key=work.tenant_id, instance=instance)
+    [check] = [
+        e for e in again.get_asset_check_evaluations() if e.check_name == "no_open_dead_letters"
+    ]
+    assert check.passed and check.metadata["resolved"].value == 1
+    assert "resolved by ana: forged promotion" in check.metadata["sample_resolved"].value[0]
+
 
 def test_the_checks_fail_on_a_corrupted_table(conn, lake, defs, instance):
     from deltalake import write_deltalake

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
+from oml_dagster.lake import deadletter
 from oml_dagster.lake import reconcile as rc
 from oml_dagster.lake.doctor import AT_RISK, HOLDS, erasure_verdict
 from oml_dagster.lake.erasure import erased_artifacts
@@ -95,16 +96,26 @@ def reconciler(
     selected = [_CHECK_OF_KEY[k] for k in context.selected_asset_check_keys]
     with postgres.connect() as conn:
         result = rc.reconcile(conn, lake.get_lake(), context.partition_key, only=selected)
+        # Dead letters an operator closed (`oml-lake deadletter resolve`): no longer findings,
+        # shown beside the open ones with who closed them and why.
+        resolved = [
+            f"seq {d.seq} {d.op}: resolved by {d.resolved_by}: {d.resolution}"
+            for d in deadletter.list_dead_letters(conn, context.partition_key, True)
+            if d.resolved_at is not None
+        ]
     for r in result.results:
+        metadata = {
+            "checked": r.checked,
+            "findings": len(r.findings),
+            "sample_findings": r.samples(SAMPLE),
+        }
+        if r.name == rc.DEAD_LETTERS:
+            metadata.update(resolved=len(resolved), sample_resolved=resolved[:SAMPLE])
         yield dg.AssetCheckResult(
             asset_key=ASSET_OF_TABLE[r.table],
             check_name=r.name,
             passed=r.passed,
-            metadata={
-                "checked": r.checked,
-                "findings": len(r.findings),
-                "sample_findings": r.samples(SAMPLE),
-            },
+            metadata=metadata,
         )
 
 
