@@ -32,10 +32,7 @@ from oml_dagster.settings import PG_DSN
 from .lake import analytics, db
 from .lake.policy import resolve_tenants
 from .lake.storage import Lake
-
-
-def _print(*parts: object) -> None:
-    print(*parts, flush=True)
+from .output import out as _print
 
 
 def _tenant(text: str) -> str:

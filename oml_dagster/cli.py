@@ -20,7 +20,14 @@ from typing import NoReturn
 
 from . import analytics_cli, maintenance_cli
 from .lake import db, deadletter, sequencer
-from .lake.doctor import DEFAULT_LAG_LIMIT, HOLDS, drained_through, erasure_verdict, examine
+from .lake.doctor import (
+    DEFAULT_LAG_LIMIT,
+    HOLDS,
+    drained_through,
+    erasure_verdict,
+    examine,
+    lost_tables,
+)
 from .lake.drain import DrainPass, drain_riding_through
 from .lake.erasure import APPLIED
 from .lake.faults import Fault, RetryPolicy, describe, retrying
@@ -28,13 +35,11 @@ from .lake.policy import erasure_cadence, lag, resolve_tenants
 from .lake.reconcile import reconcile
 from .lake.storage import Lake
 from .lake.writer import COMMITS, BatchResult, WriterConfig
+from .output import OutputClosed
+from .output import out as _print
 from .panics import native_panics_filtered, terminal_stderr
 from .settings import DEBUG, retry_bounds, writer_batch
 from .simulate.cli import register as register_simulate
-
-
-def _print(*parts: object) -> None:
-    print(*parts, flush=True)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -229,12 +234,15 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
         for tenant_id in _tenants(conn, args.tenant):
             verdict = erasure_verdict(conn, lake, tenant_id, cadence=cadence)
             evidence, per_artifact = verdict.evidence, verdict.artifacts
-            unwell |= verdict.state != HOLDS
+            # Evidence read from a lake that is not all there is no evidence of the lost part.
+            lost = lost_tables(conn, lake, tenant_id)
+            unwell |= verdict.state != HOLDS or bool(lost)
             if args.json:
                 report = per_artifact.as_dict()
                 report.update(
-                    ok=verdict.state == HOLDS,
+                    ok=verdict.state == HOLDS and not lost,
                     verdict=verdict.as_dict(),
+                    lost_tables=lost,
                     findings=verdict.breaches + verdict.risks,
                 )
                 _print(json.dumps(report))
@@ -269,6 +277,11 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                 _print(f"  BREACH: {line}")
             for line in verdict.risks:
                 _print(f"  at risk: {line}")
+            if lost:
+                _print(
+                    f"  FINDING: a lost lake: {len(lost)} tables the frontier records are missing "
+                    f"({', '.join(lost)}); the evidence covers what is left: backfill the tenant"
+                )
     return 1 if unwell else 0
 
 
@@ -339,7 +352,7 @@ def cmd_deadletter_list(args: argparse.Namespace) -> int:
 
 def _refusal(op: str, reason: str) -> str:
     """`op: reason`, without the op twice when the reason already starts with it."""
-    return reason if reason.startswith(f"{op}:") else f"{op}: {reason}"
+    return reason if reason.startswith((f"{op}:", f"{op} ")) else f"{op}: {reason}"
 
 
 def cmd_deadletter_resolve(args: argparse.Namespace) -> int:
@@ -478,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except OutputClosed:
+        # Nothing more can be written there; keep the interpreter from failing on it again.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as error:
         line, code = describe(error)
         if _debugging(args):

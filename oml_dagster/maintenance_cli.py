@@ -12,10 +12,7 @@ from .lake import db, maintenance
 from .lake.doctor import lost_tables
 from .lake.policy import resolve_tenants
 from .lake.storage import Lake
-
-
-def _print(*parts: object) -> None:
-    print(*parts, flush=True)
+from .output import out as _print
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:

@@ -112,6 +112,8 @@ def test_a_lost_lake_is_a_finding_in_every_command_that_reads_it(conn, lake, cap
     assert code == 1 and "a lost lake: 4 tables the frontier records are missing" in out
     code, _, err = run(capsys, "sql", "--tenant", t, "SELECT 1")
     assert code == 1 and "has no lake tables" in err
+    code, out, _ = run(capsys, "erasure-evidence", "--tenant", t)
+    assert code == 1 and "FINDING: a lost lake" in out
 
 
 def test_a_tenant_never_drained_is_not_a_lost_lake(conn, lake, capsys, tenant):
@@ -169,7 +171,9 @@ def test_doctor_reconcile_and_evidence_tell_the_same_story(condition, conn, lake
     assert sorted(f["check"] for f in doctor["failed_checks"]) == failing
     assert doctor["erasure"] == evidence["verdict"]
     assert (reconcile_code == 1) == bool(failing) == (not reconciled["ok"])
-    assert (evidence_code == 1) == (evidence["verdict"]["state"] != "holds")
+    lost = evidence["lost_tables"]
+    assert lost == doctor["lost_tables"]
+    assert (evidence_code == 1) == (evidence["verdict"]["state"] != "holds" or bool(lost))
     assert (doctor_code == 1) == (not doctor["healthy"])
     expected = {
         "clean": ([], "holds", True),
@@ -179,6 +183,7 @@ def test_doctor_reconcile_and_evidence_tell_the_same_story(condition, conn, lake
         "lost table": (["silver.claims/frontier_matches_delta_log"], "holds", False),
     }[condition]
     assert (failing, evidence["verdict"]["state"], doctor["healthy"]) == expected
+    assert bool(lost) == (condition == "lost table")
     # The text screens say the same as the JSON.
     _, text, _ = run(capsys, "doctor", "--tenant", t, *hours)
     assert f"{len(failing)} failed checks" in text
@@ -274,6 +279,42 @@ def test_an_interrupted_drain_says_what_it_committed_and_a_rerun_resumes(
 
 
 # --- the smaller warts ---------------------------------------------------------------------------
+
+
+def test_a_closed_pipe_stops_a_command_quietly_and_is_not_retried(conn, dsn, lake, tenant):
+    """`oml-lake ... | head`: the reader goes away; that is no network fault to ride through."""
+    tree = make_tree(conn, tenant)
+    for _ in range(60):
+        acts.promote(conn, tenant, claim(tree.a), b"body")
+    env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": lake.root}
+    started = time.monotonic()
+    done = subprocess.run(
+        f"{sys.executable} -m oml_dagster.cli drain --until-idle --max-batch 2 | head -1",
+        shell=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.count("\n") == 1
+    assert "retrying" not in done.stderr and "fault" not in done.stderr, done.stderr
+    assert time.monotonic() - started < 60
+    status = subprocess.run(
+        [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "2"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert status.returncode == 0  # the rest drains; what the first one committed is kept
+
+
+def test_a_refusal_names_its_op_once():
+    assert cli._refusal("claim.erase", "wrong tenant: x") == "claim.erase: wrong tenant: x"
+    assert cli._refusal("claim.reassign", "claim.reassign: field 'held' is missing") == (
+        "claim.reassign: field 'held' is missing"
+    )
+    line = cli._refusal("claim.reassign", "claim.reassign at journal_seq 108 is not newer")
+    assert line.count("claim.reassign") == 1
 
 
 @given(st.integers(min_value=0, max_value=400 * 86400))

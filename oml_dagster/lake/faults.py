@@ -343,7 +343,9 @@ def _chain(error: BaseException):
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         yield error
-        error = error.__cause__ or error.__context__
+        # `raise ... from None` hides the context on purpose (a closed stdout's BrokenPipeError
+        # under the command's OutputClosed is no network fault).
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
 
 
 def classify(error: BaseException) -> Fault | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from oml_dagster.output import out as _print
+
 from ..lake import db
 from . import verify
 from .runner import RunConfig, RunReport, SimulationError, run
@@ -56,10 +58,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sim.set_defaults(func=cmd_simulate)
-
-
-def _print(*parts: object) -> None:
-    print(*parts, flush=True)
 
 
 def _report(report: RunReport, workload: WorkloadConfig, config: RunConfig) -> None:
