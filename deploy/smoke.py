@@ -422,7 +422,7 @@ def build() -> None:
         say(f"building the CI base image ({len(certs)} extra CA certificates)")
         run("docker", "build", "-q", "--network", "host", "-t", "local/debian-ci:bookworm", context)
     say("building the images (code location, PostgreSQL, moto)")
-    compose("build", "--parallel", timeout=1500)
+    compose("build", timeout=1500)
 
 
 def main() -> int:
