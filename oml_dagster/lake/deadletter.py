@@ -63,22 +63,28 @@ def list_dead_letters(
     return [DeadLetter(*row) for row in conn.execute(query + queries.DEAD_LETTERS_ORDER, params)]
 
 
+def _lock_open(conn: psycopg.Connection, seq: int) -> tuple[str, str, Any]:
+    """Lock dead letter `seq` for a requeue or a resolution and return (tenant_id, op, payload);
+    refused (`RequeueError`) when there is none or it is closed already."""
+    row = conn.execute(queries.DEAD_LETTER_FOR_REQUEUE, (seq,)).fetchone()
+    if row is None:
+        raise RequeueError(f"no dead letter with seq {seq}")
+    tenant_id, op, stored, requeued_at, resolved_at = row
+    if requeued_at is not None:
+        raise RequeueError(f"dead letter {seq} was already re-enqueued at {requeued_at}")
+    if resolved_at is not None:
+        raise RequeueError(
+            f"dead letter {seq} was resolved at {resolved_at}: already resolved, nothing to do"
+        )
+    return tenant_id, op, stored
+
+
 def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) -> int:
     """Re-enqueue dead letter `seq` as a new outbox row (the same op, its payload or a corrected
     one) at the tenant's last sequenced journal_seq, so it applies after everything already
     sequenced. Returns the new outbox id."""
     with conn.transaction():
-        row = conn.execute(
-            queries.DEAD_LETTER_FOR_REQUEUE,
-            (seq,),
-        ).fetchone()
-        if row is None:
-            raise RequeueError(f"no dead letter with seq {seq}")
-        tenant_id, op, stored, requeued_at, resolved_at = row
-        if requeued_at is not None:
-            raise RequeueError(f"dead letter {seq} was already re-enqueued at {requeued_at}")
-        if resolved_at is not None:
-            raise RequeueError(f"dead letter {seq} was resolved at {resolved_at}")
+        tenant_id, op, stored = _lock_open(conn, seq)
         last = conn.execute(queries.LAST_JOURNAL_SEQ, (tenant_id,)).fetchone()
         new_id = conn.execute(
             queries.REQUEUE_INTO_OUTBOX,
@@ -101,12 +107,5 @@ def resolve(conn: psycopg.Connection, seq: int, by: str, reason: str) -> Any:
     if not by:
         raise RequeueError(f"resolving dead letter {seq} needs a name (--by)")
     with conn.transaction():
-        row = conn.execute(queries.DEAD_LETTER_FOR_REQUEUE, (seq,)).fetchone()
-        if row is None:
-            raise RequeueError(f"no dead letter with seq {seq}")
-        _, _, _, requeued_at, resolved_at = row
-        if requeued_at is not None:
-            raise RequeueError(f"dead letter {seq} was re-enqueued at {requeued_at}")
-        if resolved_at is not None:
-            raise RequeueError(f"dead letter {seq} was already resolved at {resolved_at}")
+        _lock_open(conn, seq)
         return conn.execute(queries.MARK_RESOLVED, (by, reason, seq)).fetchone()[0]
