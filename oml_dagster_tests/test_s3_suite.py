@@ -32,7 +32,7 @@ from oml_dagster_tests.test_crash_replay import (  # noqa: F401
     test_killed_at_random_times_then_finishing,
 )
 from oml_dagster_tests.test_erasure import (  # noqa: F401
-    test_erasure_evidence_command_exits_nonzero_on_a_breach,
+    test_erasure_evidence_command_exits_nonzero_on_a_dead_lettered_erase,
     test_erasure_evidence_fails_until_vacuum_then_holds,
     test_erasure_evidence_reports_dead_lettered_and_waiting_erases,
 )

@@ -14,7 +14,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3.11 -m venv "$VENV" 2>/dev/null || python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[test]"
+# The image's exact pins constrain the suite's install, so the tests run the versions that ship
+# (a new release on the index cannot change what is tested without a change here).
+"$VENV/bin/python" -m pip install -q -c deploy/docker/requirements.txt -e ".[test]"
 "$VENV/bin/python" -m pip check
 "$VENV/bin/ruff" check oml_dagster oml_dagster_tests bench deploy
 "$VENV/bin/ruff" format --check --quiet oml_dagster oml_dagster_tests bench deploy
