@@ -19,6 +19,8 @@ import math
 import os
 import re
 import sys
+import threading
+import uuid
 import zoneinfo
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -134,7 +136,9 @@ def _timezone(raw: str) -> str:
     return raw
 
 
-def _storage_options(raw: str) -> dict[str, str]:
+def parse_storage_options(raw: str) -> dict[str, str]:
+    """A JSON object of storage options, each value a string (booleans and numbers taken as
+    their text); ValueError naming what is wrong, never quoting a value (they hold secrets)."""
     try:
         options = json.loads(raw)
     except json.JSONDecodeError as error:
@@ -172,9 +176,24 @@ LAKE_URI: Setting[str] = Setting(
 LAKE_STORAGE_OPTIONS: Setting[dict[str, str]] = Setting(
     "OML_LAKE_STORAGE_OPTIONS",
     {},
-    _storage_options,
+    parse_storage_options,
     "a JSON object of delta-rs storage options",
     "Storage options on top of the `AWS_*` variables (they win over them).",
+    shown_default="none",
+)
+
+# A tenant's own storage options, by reference (ADR 0048): a variable of this prefix and the
+# tenant's UUID in hex, or `<tenant_id>.json` in OML_TENANT_STORAGE_OPTIONS_DIR.
+TENANT_STORAGE_VARIABLE = "OML_LAKE_STORAGE_OPTIONS__"
+TENANT_STORAGE_OPTIONS_DIR: Setting[str | None] = Setting(
+    "OML_TENANT_STORAGE_OPTIONS_DIR",
+    None,
+    _text,
+    "a directory path",
+    "Where tenants' own storage options are mounted: `<tenant_id>.json`, a JSON object holding "
+    "at least the tenant's access key id and secret (or set "
+    "`OML_LAKE_STORAGE_OPTIONS__<tenant UUID in hex>` to it); they replace the shared "
+    "credentials for that tenant's prefix. A tenant without either uses the shared set.",
     shown_default="none",
 )
 
@@ -342,6 +361,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     PG_DSN,
     LAKE_URI,
     LAKE_STORAGE_OPTIONS,
+    TENANT_STORAGE_OPTIONS_DIR,
     MAX_BATCH,
     MEMORY_BUDGET_MIB,
     TXN_LAG_LIMIT,
@@ -387,6 +407,120 @@ def lake_storage_options(env: Env | None = None) -> dict[str, str]:
     options = {k: env[k] for k in AWS_PASSTHROUGH if env.get(k)}
     options.update(LAKE_STORAGE_OPTIONS.read(env))
     return options
+
+
+@dataclass(frozen=True)
+class OwnStorageOptions:
+    """A tenant's own storage options and where they were read (`source`, named in errors)."""
+
+    options: dict[str, str]
+    source: str
+
+
+class TenantStorageReferences:
+    """Where tenants' own storage options are found (ADR 0048): `<tenant_id>.json` in
+    OML_TENANT_STORAGE_OPTIONS_DIR (a mounted secret) or a variable
+    `OML_LAKE_STORAGE_OPTIONS__<tenant UUID in hex>`. Taken from the environment at the edge;
+    a tenant's reference is read when its tables are first opened and kept for the process (a
+    rotated secret counts from the next run). Nothing here falls back silently: a directory
+    that is not there, a file that cannot be read or parsed, a stray name in the directory and
+    a tenant named twice are refused, naming the tenant and the file or variable."""
+
+    def __init__(self, directory: str | None = None, variables: Mapping[str, str] | None = None):
+        self.directory = directory
+        self.variables = {k.lower(): v for k, v in (variables or {}).items()}  # hex -> JSON
+        self._files: dict[str, str] | None = None  # hex -> path, listed once
+        self._resolved: dict[str, OwnStorageOptions | None] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> TenantStorageReferences:
+        env = os.environ if env is None else env
+        variables = {}
+        for name, raw in env.items():
+            if not name.startswith(TENANT_STORAGE_VARIABLE) or not raw.strip():
+                continue
+            suffix = name[len(TENANT_STORAGE_VARIABLE) :]
+            if not re.fullmatch(r"[0-9a-fA-F]{32}", suffix):
+                raise InvalidSetting(
+                    f"{name}: expected {TENANT_STORAGE_VARIABLE}<the tenant's UUID in hex, 32 "
+                    "digits without dashes>"
+                )
+            variables[suffix] = raw
+        return cls(TENANT_STORAGE_OPTIONS_DIR.read(env), variables)
+
+    def __bool__(self) -> bool:
+        return bool(self.directory or self.variables)
+
+    def resolve(self, tenant_id: str) -> OwnStorageOptions | None:
+        """The tenant's own storage options, or None: it has no reference (the shared set)."""
+        key = uuid.UUID(tenant_id).hex
+        with self._lock:
+            if key not in self._resolved:
+                self._resolved[key] = self._read(tenant_id, key)
+            return self._resolved[key]
+
+    def _read(self, tenant_id: str, key: str) -> OwnStorageOptions | None:
+        path = self._listing(tenant_id).get(key)
+        variable = f"{TENANT_STORAGE_VARIABLE}{key}" if key in self.variables else None
+        if path and variable:
+            raise InvalidSetting(
+                f"tenant {tenant_id}: own storage options both in {path} and in {variable}; "
+                "keep one"
+            )
+        if variable:
+            source, raw = f"variable {variable}", self.variables[key]
+        elif path:
+            source = f"file {path}"
+            try:
+                with open(path, encoding="utf-8") as file:
+                    raw = file.read()
+            except (OSError, UnicodeDecodeError) as error:
+                reason = getattr(error, "strerror", None) or str(error)
+                raise InvalidSetting(
+                    f"tenant {tenant_id}: cannot read its storage options {source} ({reason})"
+                ) from None
+        else:
+            return None
+        try:
+            return OwnStorageOptions(parse_storage_options(raw), source)
+        except ValueError as error:
+            raise InvalidSetting(
+                f"tenant {tenant_id}: {source} is not a JSON object of storage options ({error})"
+            ) from None
+
+    def _listing(self, tenant_id: str) -> dict[str, str]:
+        """The directory's `<tenant_id>.json` files by tenant (listed once); names starting
+        with a dot are passed over (a Kubernetes secret volume's `..data`)."""
+        if self._files is None:
+            files: dict[str, str] = {}
+            if self.directory:
+                where = f"{TENANT_STORAGE_OPTIONS_DIR.name}={self.directory!r}"
+                try:
+                    names = sorted(os.listdir(self.directory))
+                except OSError as error:
+                    raise InvalidSetting(
+                        f"tenant {tenant_id}: {where} is not a readable directory "
+                        f"({error.strerror}); mount the tenants' storage options there or "
+                        "unset it"
+                    ) from None
+                for name in names:
+                    if name.startswith("."):
+                        continue
+                    stem, _, ext = name.rpartition(".")
+                    try:
+                        tenant = uuid.UUID(stem).hex if ext == "json" else None
+                    except ValueError:
+                        tenant = None
+                    if tenant is not None:
+                        files[tenant] = os.path.join(self.directory, name)
+                        continue
+                    raise InvalidSetting(
+                        f"{where}: {name!r} is not named <tenant_id>.json; rename or remove it "
+                        "(a tenant's options would otherwise be passed over)"
+                    )
+            self._files = files
+        return self._files
 
 
 def writer_batch(env: Env | None = None) -> tuple[int, int | None]:

@@ -43,7 +43,7 @@ BAD = {
     "OML_RETRY_SECONDS": "-5",
     "OML_DEBUG": "verbose",
 }
-TEXT = {"OML_PG_DSN", "OML_LAKE_URI"}
+TEXT = {"OML_PG_DSN", "OML_LAKE_URI", "OML_TENANT_STORAGE_OPTIONS_DIR"}
 
 
 def test_every_setting_has_a_refusal_case_unless_it_is_text():
@@ -207,6 +207,7 @@ def test_the_readme_lists_every_setting_as_the_module_declares_it():
 def test_every_oml_variable_the_readme_names_is_a_setting_or_a_test_or_demo_knob():
     names = set(re.findall(r"OML_[A-Z0-9_]+", (REPO / "README.md").read_text()))
     declared = {n for s in settings.SETTINGS for n in (s.name, *s.aliases)}
+    declared.add(settings.TENANT_STORAGE_VARIABLE)  # + a tenant's UUID in hex
     knobs = {
         n
         for n in names

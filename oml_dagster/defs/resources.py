@@ -4,7 +4,7 @@ there), unless a resource field is set in the run's config."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from dagster import ConfigurableResource
@@ -43,7 +43,8 @@ class PostgresResource(ConfigurableResource):
 
 
 class LakeResource(ConfigurableResource):
-    """The lake root and storage options; defaults come from the environment."""
+    """The lake root, storage options and tenants' own storage options (`Lake.for_tenant`);
+    defaults come from the environment."""
 
     uri: str | None = None
 
@@ -51,7 +52,7 @@ class LakeResource(ConfigurableResource):
         lake = Lake.from_env()
         if not self.uri:
             return lake
-        return Lake(self.uri, lake.storage_options).with_store_defaults().checked()
+        return replace(lake, root=self.uri).with_store_defaults().checked()
 
 
 class WriterResource(ConfigurableResource):

@@ -146,7 +146,9 @@ def tenant_connection(lake: Lake, tenant_id: str, *, lockdown: bool = False) -> 
     """A DuckDB connection with the tenant's tables as views (see the module docstring).
 
     With `lockdown`, file access is limited to the tenant's prefix, external access (extension
-    loading, other files, COPY, ATTACH) is off, and the configuration is locked."""
+    loading, other files, COPY, ATTACH) is off, and the configuration is locked. DuckDB signs
+    with the tenant's own credentials when it has them (`Lake.for_tenant`)."""
+    lake = lake.for_tenant(tenant_id)
     try:
         con = duckdb.connect(
             ":memory:",

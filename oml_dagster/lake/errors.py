@@ -62,3 +62,14 @@ class InvalidSetting(LakeError, ValueError):
 class MaintenanceDamage(LakeError):
     """A maintenance step left a table that does not read back as it was: a live file missing
     after VACUUM, or a different version, file set or txn after log cleanup."""
+
+
+class CrossTenantAccess(LakeError):
+    """A lake opened for one tenant (`Lake.for_tenant`, with that tenant's credentials) was asked
+    for an object outside the tenant's prefix: refused before any request is made."""
+
+
+class TenantCredentialsRefused(LakeError):
+    """The object store refused a tenant's own credentials on its prefix (the conditional-put
+    probe, before the tenant's first table is opened); the message names the tenant and where
+    its credentials were read."""

@@ -111,8 +111,8 @@ _PERMANENT_TEXT: tuple[tuple[tuple[str, ...], str, str], ...] = (
             "unable to locate credentials",
         ),
         "the object store refused the credentials",
-        "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the storage options) and the "
-        "bucket policy",
+        "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the storage options, or the "
+        "tenant's own in OML_TENANT_STORAGE_OPTIONS_DIR) and the bucket policy",
     ),
     (
         ("permission denied", "os error 13", "read-only file system", "os error 30"),

@@ -1,15 +1,19 @@
 """Where the lake lives (DESIGN §5): the root URI, storage options, the per-tenant layout, and
 reading tables. Object stores without conditional put are refused: by the options that turn it
-off, and by a probe of the store itself before the first table is opened (decision 0017)."""
+off, and by a probe of the store itself before the first table is opened (decision 0017), once
+per credential set. A tenant's tables are opened with the tenant's own credentials when it has
+a reference to them, the shared set otherwise (`Lake.for_tenant`, decision 0048): every open
+under a tenant's prefix goes through that one resolution."""
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -24,10 +28,19 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
-from oml_dagster.settings import LAKE_URI, lake_storage_options
+from oml_dagster.settings import (
+    LAKE_URI,
+    TenantStorageReferences,
+    lake_storage_options,
+)
 
 from . import deltalog
-from .errors import UnsupportedObjectStore
+from .errors import (
+    CrossTenantAccess,
+    InvalidSetting,
+    TenantCredentialsRefused,
+    UnsupportedObjectStore,
+)
 from .tables import APP_ID, GOLD_CURATED, TableId, TableSpec
 
 # Options naming each way a store can be told to commit without put-if-absent.
@@ -36,8 +49,10 @@ _UNSAFE_OPTIONS = {
     "conditional_put": ("disabled", "false", "none"),
     "aws_s3_allow_unsafe_rename": ("true", "1", "yes"),
 }
-# Where the conditional-put probe writes (and deletes) its scratch key, under the lake root: no
-# tenant prefix can look like it (tenant ids are UUIDs).
+# Where the conditional-put probe writes (and deletes) its scratch key: under the lake root for
+# the shared credentials (no tenant prefix can look like it: tenant ids are UUIDs), under the
+# tenant's prefix for a tenant's own (a credential scoped to `<root>/<tenant_id>/` reaches
+# nothing else; no table's path starts with an underscore).
 PROBE_PREFIX = "_oml_probe"
 _ENDPOINT_OPTIONS = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
 # object_store's own retry and timeouts for an S3 lake, unless the storage options set them (ADR
@@ -56,6 +71,23 @@ STORE_RETRY_DEFAULTS = {
     "backoff_config.base": "2",
 }
 _CONDITIONAL_PUT_OPTIONS = ("aws_conditional_put", "conditional_put")
+_ACCESS_KEY_OPTIONS = ("aws_access_key_id", "access_key_id")
+_SECRET_KEY_OPTIONS = ("aws_secret_access_key", "secret_access_key")
+_TOKEN_OPTIONS = ("aws_session_token", "aws_token", "session_token", "token")
+# The options that say who the lake's requests are signed as: a tenant's own set replaces all of
+# them (a shared session token must not ride along with a tenant's key). Endpoint, region, the
+# retry defaults and the rest are the shared set's unless the tenant's set names them too.
+CREDENTIAL_OPTIONS = frozenset(
+    (
+        *_ACCESS_KEY_OPTIONS,
+        *_SECRET_KEY_OPTIONS,
+        *_TOKEN_OPTIONS,
+        "aws_profile",
+        "profile",
+        "aws_skip_signature",
+        "skip_signature",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -64,12 +96,102 @@ class Lake:
 
     root: str
     storage_options: dict[str, str] = field(default_factory=dict)
+    # Where tenants' own storage options are found (None: every tenant uses these options).
+    tenant_storage: TenantStorageReferences | None = field(default=None, repr=False, compare=False)
+    # Set on the lake `for_tenant` returns: the one tenant it opens, and where that tenant's own
+    # credentials were read (None: the shared set).
+    tenant_id: str | None = None
+    own_source: str | None = None
+    _bound: dict[str, Lake] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_env(cls) -> Lake:
         """The lake OML_LAKE_URI names, with OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables
-        (and, on S3, object_store's retry and timeouts: STORE_RETRY_DEFAULTS under them)."""
-        return cls(LAKE_URI.read(), lake_storage_options()).with_store_defaults().checked()
+        (and, on S3, object_store's retry and timeouts: STORE_RETRY_DEFAULTS under them), and
+        the tenants' own storage options where OML_TENANT_STORAGE_OPTIONS_DIR and the
+        `OML_LAKE_STORAGE_OPTIONS__<tenant>` variables say."""
+        lake = cls(LAKE_URI.read(), lake_storage_options(), TenantStorageReferences.from_env())
+        return lake.with_store_defaults().checked()
+
+    def for_tenant(self, tenant_id: str) -> Lake:
+        """This lake as tenant `tenant_id`'s tables are opened: with the tenant's own storage
+        options over the shared ones (its credentials replacing the shared credentials) when it
+        has a reference to them, with the shared set otherwise. Checked for conditional put with
+        the tenant's credentials, under its prefix; kept per tenant. The lake returned opens that
+        tenant's objects only (`CrossTenantAccess`)."""
+        if self.tenant_id is not None:
+            if tenant_id != self.tenant_id:
+                raise CrossTenantAccess(
+                    f"the lake opened for tenant {self.tenant_id} was asked for tenant "
+                    f"{tenant_id}: each tenant's tables are opened through its own lake"
+                )
+            return self
+        bound = self._bound.get(tenant_id)
+        if bound is None:
+            bound = self._bind(tenant_id)
+            self._bound[tenant_id] = bound
+        return bound
+
+    def _bind(self, tenant_id: str) -> Lake:
+        own = None
+        if self.tenant_storage and not self.is_local:
+            own = self.tenant_storage.resolve(tenant_id)
+        if own is None:
+            return dataclasses.replace(self, tenant_id=tenant_id)
+        if not (
+            any(k.lower() in _ACCESS_KEY_OPTIONS for k in own.options)
+            and any(k.lower() in _SECRET_KEY_OPTIONS for k in own.options)
+        ):
+            raise InvalidSetting(
+                f"tenant {tenant_id}: {own.source} names no aws_access_key_id and "
+                "aws_secret_access_key; a tenant's own storage options carry its credentials"
+            )
+        bound = dataclasses.replace(
+            self,
+            storage_options=layered(self.storage_options, own.options),
+            tenant_id=tenant_id,
+            own_source=own.source,
+        )
+        try:
+            return bound.checked()
+        except OSError as error:
+            refused = _refusal_code(error.__cause__)
+            if refused is None:
+                raise  # not a verdict on the credentials (a network fault is retried)
+            raise TenantCredentialsRefused(
+                f"tenant {tenant_id}: the object store {self.store} refused its own credentials "
+                f"from {own.source} ({refused}) under {self.tenant_uri(tenant_id)}/; fix the "
+                "reference or the credential's policy (it needs list, read, write and delete on "
+                "the tenant's prefix)"
+            ) from error
+
+    def options_for(self, uri: str) -> dict[str, str]:
+        """The storage options an object at `uri` is reached with: its tenant's (`for_tenant`)."""
+        return self._for_uri(uri).storage_options
+
+    def _for_uri(self, uri: str) -> Lake:
+        tenant_id = self.tenant_of(uri)
+        if self.tenant_id is not None:
+            if tenant_id != self.tenant_id:
+                raise CrossTenantAccess(
+                    f"the lake opened for tenant {self.tenant_id} refuses {uri}: it is outside "
+                    f"the tenant's prefix {self.tenant_uri(self.tenant_id)}/"
+                )
+            return self
+        if tenant_id is None or not self.tenant_storage:
+            return self
+        return self.for_tenant(tenant_id)
+
+    def tenant_of(self, uri: str) -> str | None:
+        """The tenant whose prefix holds `uri` (None: not under a tenant's prefix)."""
+        prefix = self._root_prefix()
+        if not uri.startswith(prefix):
+            return None
+        first = uri[len(prefix) :].split("/", 1)[0]
+        try:
+            return first if str(uuid.UUID(first)) == first.lower() else None
+        except ValueError:
+            return None
 
     def with_store_defaults(self) -> Lake:
         """This lake with STORE_RETRY_DEFAULTS for each of those options it does not set (an
@@ -78,7 +200,9 @@ class Lake:
             return self
         given = {k.lower() for k in self.storage_options}
         defaults = {k: v for k, v in STORE_RETRY_DEFAULTS.items() if k not in given}
-        return Lake(self.root, {**defaults, **self.storage_options}) if defaults else self
+        if not defaults:
+            return self
+        return dataclasses.replace(self, storage_options={**defaults, **self.storage_options})
 
     def checked(self) -> Lake:
         """Refuse a store the writer cannot fence: only local paths and S3 with put-if-absent."""
@@ -134,11 +258,14 @@ class Lake:
     def local_path(self, uri: str) -> str:
         return urlparse(uri).path if uri.startswith("file://") else uri
 
-    def tenant_uri(self, tenant_id: str) -> str:
+    def _root_prefix(self) -> str:
         root = self.root.rstrip("/")
         if self.is_local:
             root = os.path.abspath(self.local_path(root))
-        return f"{root}/{tenant_id}"
+        return f"{root}/"
+
+    def tenant_uri(self, tenant_id: str) -> str:
+        return f"{self._root_prefix()}{tenant_id}"
 
     def table_uri(self, tenant_id: str, spec: TableSpec, workarea_id: str | None = None) -> str:
         uri = f"{self.tenant_uri(tenant_id)}/{spec.relpath}"
@@ -150,15 +277,17 @@ class Lake:
 
     def filesystem(self, uri: str) -> pafs.FileSystem:
         """The table root at `uri` as a pyarrow filesystem, through delta-rs's object store."""
-        return pafs.PyFileSystem(DeltaStorageHandler(uri, self.storage_options or None))
+        return pafs.PyFileSystem(DeltaStorageHandler(uri, self.options_for(uri) or None))
 
     def open(self, uri: str, version: int | None = None) -> DeltaTable | None:
         """The table at `uri` (latest, or `version`), or None when there is no table there. A
         `version` the log no longer holds raises: that is not the same as no table. The first
-        open of an object-store table probes the store for conditional put."""
-        self.require_conditional_put()
+        open of an object-store table probes the store for conditional put (per credential
+        set). A table under a tenant's prefix is opened with that tenant's options."""
+        lake = self._for_uri(uri)
+        lake.require_conditional_put()
         try:
-            return DeltaTable(uri, version=version, storage_options=self.storage_options or None)
+            return DeltaTable(uri, version=version, storage_options=lake.storage_options or None)
         except TableNotFoundError:
             if version is not None:
                 raise
@@ -183,7 +312,7 @@ class OpenTables:
 
     def __init__(self, lake: Lake):
         self.lake = lake
-        self.keys = FileKeys(lake.storage_options, most_bytes=self.KEPT_KEY_BYTES)
+        self.keys = FileKeys(options_for=lake.options_for, most_bytes=self.KEPT_KEY_BYTES)
         self._tables: dict[str, DeltaTable] = {}
         self._rows: dict[str, tuple[int, pa.Table]] = {}
         self._txns: dict[str, tuple[int, int]] = {}
@@ -253,24 +382,37 @@ def app_txn(table: DeltaTable | None) -> int:
     return (table.transaction_version(APP_ID) or 0) if table is not None else 0
 
 
-def _option(lake: Lake, names: tuple[str, ...], env: str) -> str | None:
+def layered(shared: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+    """A tenant's storage options: the shared ones without their credentials, then the tenant's
+    own over them (the endpoint, region and retry defaults stay the shared set's unless the
+    tenant's set names them too)."""
+    kept = {k: v for k, v in shared.items() if k.lower() not in CREDENTIAL_OPTIONS}
+    ours = {k.lower() for k in own}
+    kept = {k: v for k, v in kept.items() if k.lower() not in ours}
+    return {**kept, **own}
+
+
+def _option(lake: Lake, names: tuple[str, ...], env: str | None) -> str | None:
     """A storage option by any of its names (case-insensitive), else the environment variable
     delta-rs itself would fall back to."""
     for key, value in lake.storage_options.items():
         if key.lower() in names:
             return str(value)
-    return os.environ.get(env) or None
+    return (os.environ.get(env) or None) if env else None
 
 
-# Store -> the refusal (None: conditional put honoured). A verdict is kept for the process.
-_verdicts: dict[tuple[str, str, str], str | None] = {}
+# Store and credential set -> the refusal (None: conditional put honoured). A verdict is kept
+# for the process. A tenant's own credentials get their own probe: one that cannot reach the
+# store must fail before its first table is opened, not pass on the shared set's verdict.
+_verdicts: dict[tuple[str, str, str, str], str | None] = {}
 _verdicts_lock = threading.Lock()
 
 
-def _store_key(lake: Lake) -> tuple[str, str, str]:
+def _store_key(lake: Lake) -> tuple[str, str, str, str]:
     endpoint = _option(lake, _ENDPOINT_OPTIONS, "AWS_ENDPOINT_URL") or "aws"
     mode = _option(lake, _CONDITIONAL_PUT_OPTIONS, "AWS_CONDITIONAL_PUT") or "default"
-    return (endpoint.rstrip("/"), urlparse(lake.root).netloc, mode.lower())
+    signer = _option(lake, _ACCESS_KEY_OPTIONS, "AWS_ACCESS_KEY_ID") or "default chain"
+    return (endpoint.rstrip("/"), urlparse(lake.root).netloc, mode.lower(), signer)
 
 
 def _require_conditional_put(lake: Lake) -> None:
@@ -284,13 +426,22 @@ def _require_conditional_put(lake: Lake) -> None:
 
 
 def probe_conditional_put(lake: Lake) -> str | None:
-    """Put-if-absent twice on a scratch key under `<root>/_oml_probe/`: the second PUT with
-    `If-None-Match: *` must fail with 412. When it succeeds the store ignored the header, and the
-    returned refusal names the store. Errors reaching the store (credentials, missing bucket)
-    propagate and are not a verdict. The requests are signed by botocore, from the same storage
-    options and environment delta-rs commits with (delta-rs does not expose its object store)."""
+    """Put-if-absent twice on a scratch key under `<root>/_oml_probe/` (a tenant's own
+    credentials: `<root>/<tenant_id>/_oml_probe/`): the second PUT with `If-None-Match: *` must
+    fail with 412. When it succeeds the store ignored the header, and the returned refusal names
+    the store. Errors reaching the store (credentials, missing bucket) propagate and are not a
+    verdict. The requests are signed by botocore, from the same storage options and environment
+    delta-rs commits with (delta-rs does not expose its object store)."""
     parsed = urlparse(lake.root)
-    key = f"{parsed.path.strip('/')}/{PROBE_PREFIX}/{uuid.uuid4().hex}".lstrip("/")
+    base = parsed.path.strip("/")
+    if lake.own_source is not None:
+        base = f"{base}/{lake.tenant_id}"
+    key = f"{base}/{PROBE_PREFIX}/{uuid.uuid4().hex}".lstrip("/")
+    whose = (
+        f", tenant {lake.tenant_id}'s credentials from {lake.own_source}"
+        if lake.own_source is not None
+        else ""
+    )
     bucket = parsed.netloc
     client = _s3_client(lake)
     try:
@@ -305,15 +456,35 @@ def probe_conditional_put(lake: Lake) -> str | None:
             client.delete_object(Bucket=bucket, Key=key)
     except (ClientError, BotoCoreError) as error:
         raise OSError(
-            f"cannot probe object store {lake.store} (lake {lake.root}) for conditional put: "
-            f"{error}"
+            f"cannot probe object store {lake.store} (lake {lake.root}{whose}) for conditional "
+            f"put: {error}"
         ) from error
     return (
-        f"object store {lake.store} (lake {lake.root}) ignores If-None-Match: a second "
+        f"object store {lake.store} (lake {lake.root}{whose}) ignores If-None-Match: a second "
         f"put-if-absent of {key} succeeded, so two writers could both commit one log version; "
         "the lake needs an object store that honours conditional put (AWS S3, or a MinIO "
         "release that does: deploy/README.md)"
     )
+
+
+_REFUSED_CODES = (
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+)
+
+
+def _refusal_code(error: BaseException | None) -> str | None:
+    """The store's code when `error` is its refusal of the credentials, else None."""
+    if not isinstance(error, ClientError):
+        return None
+    code = str(error.response.get("Error", {}).get("Code", ""))
+    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if code in _REFUSED_CODES or status == 403:
+        return code or f"HTTP {status}"
+    return None
 
 
 def _s3_client(lake: Lake):
@@ -321,6 +492,8 @@ def _s3_client(lake: Lake):
     the default credential chain; path-style addressing for an explicit endpoint."""
     endpoint = _option(lake, _ENDPOINT_OPTIONS, "AWS_ENDPOINT_URL")
     region = _option(lake, ("aws_region", "region", "aws_default_region"), "AWS_REGION")
+    # A tenant's own credentials are the whole set: no shared key or token from the environment.
+    own = lake.own_source is not None
     config = Config(
         region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         s3={"addressing_style": "path"} if endpoint else {},
@@ -331,15 +504,11 @@ def _s3_client(lake: Lake):
     return botocore.session.get_session().create_client(
         "s3",
         endpoint_url=endpoint,
-        aws_access_key_id=_option(
-            lake, ("aws_access_key_id", "access_key_id"), "AWS_ACCESS_KEY_ID"
-        ),
+        aws_access_key_id=_option(lake, _ACCESS_KEY_OPTIONS, None if own else "AWS_ACCESS_KEY_ID"),
         aws_secret_access_key=_option(
-            lake, ("aws_secret_access_key", "secret_access_key"), "AWS_SECRET_ACCESS_KEY"
+            lake, _SECRET_KEY_OPTIONS, None if own else "AWS_SECRET_ACCESS_KEY"
         ),
-        aws_session_token=_option(
-            lake, ("aws_session_token", "aws_token", "session_token", "token"), "AWS_SESSION_TOKEN"
-        ),
+        aws_session_token=_option(lake, _TOKEN_OPTIONS, None if own else "AWS_SESSION_TOKEN"),
         config=config,
     )
 
@@ -373,8 +542,15 @@ class FileKeys:
     QUERY_FROM_ROWS = 20_000
     QUERY_ROWS_PER_VALUE = 500
 
-    def __init__(self, storage_options: Mapping[str, str] | None = None, most_bytes: int = 0):
+    def __init__(
+        self,
+        storage_options: Mapping[str, str] | None = None,
+        most_bytes: int = 0,
+        options_for: Callable[[str], Mapping[str, str]] | None = None,
+    ):
+        # `options_for(table_uri)`: a table's own options (its tenant's, `Lake.options_for`).
         self.storage_options = dict(storage_options or {})
+        self.options_for = options_for
         self.most_bytes = most_bytes
         self._kept: OrderedDict[tuple[str, str, tuple[str, ...]], pa.Table] = OrderedDict()
         self._bytes = 0
@@ -418,9 +594,8 @@ class FileKeys:
                 self.queried += 1
                 where = " OR ".join(sql_in(c, v) for c, v in ordered.items())
                 return read_rows(table, spec, where)
-        filesystem = pafs.PyFileSystem(
-            DeltaStorageHandler(table.table_uri, self.storage_options or None, sizes)
-        )
+        options = self.options_for(table.table_uri) if self.options_for else self.storage_options
+        filesystem = pafs.PyFileSystem(DeltaStorageHandler(table.table_uri, options or None, sizes))
         found = []
         for path, hit in zip(sizes, maybe, strict=True):
             if not hit:

@@ -425,7 +425,7 @@ def _write(
         mode="error" if created else "append",
         partition_by=list(spec.partition_by) or None,
         configuration=configuration if created else None,
-        storage_options=(lake.storage_options or None) if created else None,
+        storage_options=(lake.options_for(handle.uri) or None) if created else None,
         writer_properties=parquet,
         commit_properties=props,
         post_commithook_properties=post_commit_hooks(handle.table),
