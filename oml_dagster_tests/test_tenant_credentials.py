@@ -26,7 +26,7 @@ from oml_dagster.lake.storage import Lake, layered
 from oml_dagster.lake.tables import BRONZE_EVENTS
 from oml_dagster.settings import TenantStorageReferences
 from oml_dagster.simulate import producer
-from oml_dagster_tests.s3_server import moto_server, s3_client
+from oml_dagster_tests.s3_server import moto_server
 from oml_dagster_tests.test_commit_fence import mixed_workload
 
 A, B = str(uuid.uuid4()), str(uuid.uuid4())
@@ -193,7 +193,8 @@ class IamStore:
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
         self.bucket = f"oml-iam-{uuid.uuid4().hex[:8]}"
-        s3_client(endpoint).create_bucket(Bucket=self.bucket)
+        anyone = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        self.client(anyone).create_bucket(Bucket=self.bucket)  # auth is still off
         self.admin = self.user("admin", ALL)
         moto_auth(endpoint, "0")  # from here on every request is judged by its user's policy
 
