@@ -37,7 +37,7 @@ from oml_dagster.simulate import producer
 from oml_dagster_tests.fault_proxy import FaultProxy
 from oml_dagster_tests.helpers import lake_snapshot
 from oml_dagster_tests.pg_cluster import private_cluster
-from oml_dagster_tests.s3_server import lake_env, moto_server
+from oml_dagster_tests.s3_server import lake_env, moto_server, new_bucket, store_options
 from oml_dagster_tests.test_commit_fence import mixed_workload
 
 DRAIN = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "100"]
@@ -108,23 +108,13 @@ def scenario_pg(cluster, mode: str, root: Path) -> dict:
 
 
 def scenario_s3(cluster, moto: str, rate: float, seed: int) -> dict:
-    import boto3
-
     dsn, tenants = _database(cluster, f"s3_{int(rate * 100)}")
-    bucket = f"oml-fault-{uuid.uuid4().hex[:10]}"
-    boto3.client(
-        "s3",
-        endpoint_url=moto,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket=bucket)
+    bucket = new_bucket(moto, "oml-fault")
     rng = random.Random(seed)
     with FaultProxy(moto, rate=rate, seed=seed, delay_seconds=rng.uniform(2, 5)) as proxy:
         code, seconds, err = _run(_env(dsn, **lake_env(proxy.endpoint, bucket)))
         injected = dict(proxy.injected)
-    options = {k: v for k, v in lake_env(moto, bucket).items() if k.startswith("AWS_")}
-    lake = Lake(f"s3://{bucket}/oml-lake", options)
+    lake = Lake(f"s3://{bucket}/oml-lake", store_options(moto))
     result = _outcome(code, seconds, err, dsn, lake, tenants)
     result["injected"] = injected
     return result

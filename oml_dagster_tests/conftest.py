@@ -14,7 +14,7 @@ from oml_dagster.lake import db
 from oml_dagster.lake.storage import Lake, read_rows
 from oml_dagster.lake.tables import GOLD_CURATED, TableSpec
 from oml_dagster.simulate import producer
-from oml_dagster_tests.s3_server import moto_server
+from oml_dagster_tests.s3_server import moto_server, new_bucket, store_options
 
 ADMIN_DSN = os.environ.get("OML_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -107,24 +107,8 @@ def moto_endpoint(tmp_path_factory) -> Iterator[str]:
 @pytest.fixture
 def s3_lake(moto_endpoint) -> Lake:
     """A lake root in a fresh bucket on the loopback S3 server."""
-    import boto3
-
-    bucket = f"oml-{uuid.uuid4().hex[:12]}"
-    boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    ).create_bucket(Bucket=bucket)
-    options = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_ALLOW_HTTP": "true",
-    }
-    return Lake(f"s3://{bucket}/oml-lake", options).checked()
+    bucket = new_bucket(moto_endpoint)
+    return Lake(f"s3://{bucket}/oml-lake", store_options(moto_endpoint)).checked()
 
 
 @pytest.fixture(scope="module")

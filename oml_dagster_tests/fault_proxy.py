@@ -10,7 +10,10 @@ answer, except that a seeded share of requests meets one of the faults productio
 - `delay`: forwarded after `delay_seconds`.
 
 One request per connection (`Connection: close`). The faults drawn depend only on the seed and
-the order requests arrive in; `max_faults` bounds them, and `enabled` switches them off.
+the order requests arrive in; `max_faults` bounds them, and `enabled` switches them off. A
+`schedule` (request number, 1-based in arrival order, to kind) replaces the draw, for tests that
+choose each fault; `on_request(number)` is called before each request is handled (a test's hook
+for faults outside the store, such as killing the writer's PostgreSQL sessions at that moment).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from urllib.parse import urlparse
 
 KINDS = ("slow_down", "internal_error", "reset_before", "reset_after", "truncate", "delay")
@@ -56,10 +60,14 @@ class FaultProxy:
         delay_seconds: float = 2.0,
         max_faults: int = 10_000,
         timeout: float = 60.0,
+        schedule: Mapping[int, str] | None = None,
+        on_request: Callable[[int], None] | None = None,
     ):
-        unknown = set(kinds) - set(KINDS)
+        unknown = (set(kinds) | set((schedule or {}).values())) - set(KINDS)
         if unknown or not kinds:
-            raise ValueError(f"fault kinds must be some of {KINDS}, got {kinds}")
+            raise ValueError(f"fault kinds must be some of {KINDS}, got {sorted(unknown)}")
+        self.schedule = dict(schedule) if schedule is not None else None
+        self.on_request = on_request
         target = urlparse(upstream)
         self.upstream = (target.hostname or "127.0.0.1", target.port or 80)
         self.rate, self.kinds, self.delay_seconds = rate, tuple(kinds), delay_seconds
@@ -95,13 +103,18 @@ class FaultProxy:
     def _draw(self) -> str | None:
         with self._lock:
             self.requests += 1
+            number = self.requests
             roll, kind = self._rng.random(), self._rng.choice(self.kinds)
-            if not self.enabled or sum(self.injected.values()) >= self.max_faults:
+            chosen = kind if roll < self.rate else None
+            if self.schedule is not None:
+                chosen = self.schedule.get(number)
+        if self.on_request is not None:
+            self.on_request(number)
+        with self._lock:
+            if chosen is None or not self.enabled or sum(self.injected.values()) >= self.max_faults:
                 return None
-            if roll >= self.rate:
-                return None
-            self.injected[kind] += 1
-            return kind
+            self.injected[chosen] += 1
+            return chosen
 
     # --- one request ----------------------------------------------------------------------
 

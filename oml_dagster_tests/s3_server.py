@@ -10,8 +10,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 START_TIMEOUT_S = 30.0
 
@@ -64,13 +66,44 @@ def moto_server(log_path: str | Path | None = None) -> Iterator[str]:
                 proc.wait(timeout=10)
 
 
-def lake_env(endpoint: str, bucket: str) -> dict[str, str]:
-    """The settings a deployment would set for a lake in `bucket` on the server at `endpoint`."""
+# The server takes any credentials; these are the ones every test and benchmark uses.
+ACCESS_KEY, SECRET_KEY, REGION = "testing", "testing", "us-east-1"
+
+
+def store_options(endpoint: str) -> dict[str, str]:
+    """The storage options delta-rs needs to reach the server at `endpoint`."""
     return {
-        "OML_LAKE_URI": f"s3://{bucket}/oml-lake",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": REGION,
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ALLOW_HTTP": "true",
     }
+
+
+def lake_env(endpoint: str, bucket: str) -> dict[str, str]:
+    """The settings a deployment would set for a lake in `bucket` on the server at `endpoint`."""
+    return {"OML_LAKE_URI": f"s3://{bucket}/oml-lake", **store_options(endpoint)}
+
+
+def s3_client(endpoint: str, **config: Any):
+    """A boto3 client of the server at `endpoint` (a client of its own, not delta-rs's);
+    `config` goes to botocore's Config (e.g. `retries={"max_attempts": 1}`)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name=REGION,
+        config=Config(**config) if config else None,
+    )
+
+
+def new_bucket(endpoint: str, prefix: str = "oml") -> str:
+    """A fresh bucket on the server at `endpoint`, by name."""
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    s3_client(endpoint).create_bucket(Bucket=name)
+    return name

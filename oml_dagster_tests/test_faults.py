@@ -28,6 +28,7 @@ from oml_dagster.simulate import producer
 from oml_dagster_tests.fault_proxy import KINDS, FaultProxy
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
 from oml_dagster_tests.pg_cluster import private_cluster
+from oml_dagster_tests.s3_server import lake_env, new_bucket, s3_client, store_options
 from oml_dagster_tests.test_commit_fence import mixed_workload
 
 DRAIN = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "10"]
@@ -176,19 +177,8 @@ def test_conditional_put_turned_off_in_the_environment_is_refused_before_any_wri
 ):
     """object_store reads AWS_CONDITIONAL_PUT from the environment itself: the refusal sees it
     too, and refuses before the first object is written."""
-    import boto3
-
-    from oml_dagster_tests.s3_server import lake_env
-
-    bucket = "oml-noput"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    s3.create_bucket(Bucket=bucket)
+    bucket = new_bucket(moto_endpoint, "oml-noput")
+    s3 = s3_client(moto_endpoint)
     mixed_workload(conn, tenant, claims=4)
     env = {**os.environ, **lake_env(moto_endpoint, bucket), "OML_PG_DSN": dsn}
     env["AWS_CONDITIONAL_PUT"] = "disabled"
@@ -252,7 +242,6 @@ def test_a_run_on_a_missing_bucket_fails_with_the_one_line(
     """A permanent fault fails the run at once, and the run's failure reads the line `oml-lake`
     prints: the cause, the object and the remedy."""
     from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
-    from oml_dagster_tests.s3_server import lake_env
 
     for key, value in lake_env(moto_endpoint, "oml-never-created").items():
         monkeypatch.setenv(key, value)
@@ -326,47 +315,22 @@ def test_a_full_disk_stops_with_one_line_and_the_next_drain_finishes_exact(conn,
 # --- a failing object store -------------------------------------------------------------------
 
 
-def _bucket(moto_endpoint: str) -> str:
-    import boto3
-
-    name = f"oml-faults-{uuid.uuid4().hex[:10]}"
-    boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket=name)
-    return name
-
-
 def _store_lake(endpoint: str, bucket: str, prefix: str = "oml-lake") -> Lake:
-    from oml_dagster_tests.s3_server import lake_env
-
-    env = lake_env(endpoint, bucket)
-    options = {k: v for k, v in env.items() if k.startswith("AWS_")}
-    return Lake(f"s3://{bucket}/{prefix}", options).with_store_defaults()
+    return Lake(f"s3://{bucket}/{prefix}", store_options(endpoint)).with_store_defaults()
 
 
 @pytest.mark.s3
 def test_the_proxy_injects_each_fault_it_is_asked_for(moto_endpoint):
     """The proxy itself: each kind, forced, fails a botocore client that does not retry; a
     request reset after it took effect did take effect."""
-    import boto3
-    from botocore.config import Config
     from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
 
-    bucket = _bucket(moto_endpoint)
+    bucket = new_bucket(moto_endpoint, "oml-faults")
     seen = {}
     for kind in KINDS:
         with FaultProxy(moto_endpoint, rate=1.0, kinds=(kind,), delay_seconds=0.3) as proxy:
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=proxy.endpoint,
-                aws_access_key_id="testing",
-                aws_secret_access_key="testing",
-                region_name="us-east-1",
-                config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+            s3 = s3_client(
+                proxy.endpoint, retries={"max_attempts": 1}, s3={"addressing_style": "path"}
             )
             started = time.monotonic()
             try:
@@ -388,13 +352,7 @@ def test_the_proxy_injects_each_fault_it_is_asked_for(moto_endpoint):
     assert seen["slow_down"] == "SlowDown" and seen["internal_error"] == "InternalError"
     assert seen["reset_before"] != "passed" and seen["reset_after"] != "passed"
     assert seen["truncate"] != "passed", seen
-    direct = boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
+    direct = s3_client(moto_endpoint)
     keys = {o["Key"] for o in direct.list_objects_v2(Bucket=bucket).get("Contents", [])}
     assert "reset_after" in keys and "reset_before" not in keys
 
@@ -404,10 +362,8 @@ def test_the_proxy_injects_each_fault_it_is_asked_for(moto_endpoint):
 def test_a_drain_command_rides_through_a_failing_store(moto_endpoint, conn, dsn, rate):
     """10 % and 20 % of requests failing in every way the proxy knows (delays of 0.5 s): the
     drain finishes on its own, exit 0, and the lake equals a fault-free drain's."""
-    from oml_dagster_tests.s3_server import lake_env
-
     tenants = _workload(conn, tenants=2, claims=10)
-    bucket = _bucket(moto_endpoint)
+    bucket = new_bucket(moto_endpoint, "oml-faults")
     with FaultProxy(moto_endpoint, rate=rate, seed=int(rate * 100), delay_seconds=0.5) as proxy:
         env = {**_env(dsn, Lake("unused")), **lake_env(proxy.endpoint, bucket)}
         # The default bound (300 s); batches of 50 ops, fewer requests than 10-op batches.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-import boto3
 import pytest
 from deltalake import CommitProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
@@ -19,6 +18,7 @@ from oml_dagster.lake.storage import Lake, conform, read_rows
 from oml_dagster.lake.tables import SILVER_CLAIMS
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree
+from oml_dagster_tests.s3_server import s3_client
 
 pytestmark = pytest.mark.s3
 
@@ -34,13 +34,7 @@ def objects_holding(lake: Lake, tenant_id: str, needle: bytes) -> list[str]:
     value), read with a client
     of its own (not delta-rs), relative to the prefix."""
     options = lake.storage_options
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=options["AWS_ENDPOINT_URL"],
-        region_name=options["AWS_REGION"],
-        aws_access_key_id=options["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=options["AWS_SECRET_ACCESS_KEY"],
-    )
+    s3 = s3_client(options["AWS_ENDPOINT_URL"])
     bucket, _, root = lake.tenant_uri(tenant_id).removeprefix("s3://").partition("/")
     hits = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/"):

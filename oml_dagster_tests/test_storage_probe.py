@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError
 
@@ -23,6 +22,7 @@ from oml_dagster.lake.errors import UnsupportedObjectStore
 from oml_dagster.lake.storage import PROBE_PREFIX, Lake
 from oml_dagster.lake.tables import CORE_TABLES, SILVER_CLAIMS
 from oml_dagster_tests.helpers import LakeView, make_tree, promoted
+from oml_dagster_tests.s3_server import new_bucket, s3_client, store_options
 
 pytestmark = pytest.mark.s3
 
@@ -107,38 +107,17 @@ class ForwardingProxy:
         return found
 
 
-def _client(endpoint: str):
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-
-
 def _new_bucket(endpoint: str) -> str:
-    bucket = f"oml-probe-{uuid.uuid4().hex[:12]}"
-    _client(endpoint).create_bucket(Bucket=bucket)
-    return bucket
+    return new_bucket(endpoint, "oml-probe")
 
 
 def _keys(endpoint: str, bucket: str) -> list[str]:
-    listed = _client(endpoint).list_objects_v2(Bucket=bucket)
+    listed = s3_client(endpoint).list_objects_v2(Bucket=bucket)
     return sorted(o["Key"] for o in listed.get("Contents", []))
 
 
 def _lake(endpoint: str, bucket: str) -> Lake:
-    return Lake(
-        f"s3://{bucket}/oml-lake",
-        {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ALLOW_HTTP": "true",
-        },
-    )
+    return Lake(f"s3://{bucket}/oml-lake", store_options(endpoint))
 
 
 @pytest.fixture
@@ -156,12 +135,12 @@ def honouring_store(moto_endpoint) -> Iterator[ForwardingProxy]:
 def test_moto_honours_if_none_match_and_the_stripping_proxy_does_not(moto_endpoint, ignoring_store):
     """The two stores the probe is tested against really differ."""
     bucket = _new_bucket(moto_endpoint)
-    direct = _client(moto_endpoint)
+    direct = s3_client(moto_endpoint)
     direct.put_object(Bucket=bucket, Key="k", Body=b"first", IfNoneMatch="*")
     with pytest.raises(ClientError, match="PreconditionFailed"):
         direct.put_object(Bucket=bucket, Key="k", Body=b"second", IfNoneMatch="*")
 
-    proxied = _client(ignoring_store.endpoint)
+    proxied = s3_client(ignoring_store.endpoint)
     proxied.put_object(Bucket=bucket, Key="p", Body=b"first", IfNoneMatch="*")
     proxied.put_object(Bucket=bucket, Key="p", Body=b"second", IfNoneMatch="*")
     assert direct.get_object(Bucket=bucket, Key="p")["Body"].read() == b"second"
@@ -234,7 +213,7 @@ def test_a_store_that_cannot_be_reached_is_not_a_verdict(moto_endpoint):
     lake = _lake(moto_endpoint, bucket)
     with pytest.raises(OSError, match=f"cannot probe object store {moto_endpoint} bucket {bucket}"):
         lake.checked()
-    _client(moto_endpoint).create_bucket(Bucket=bucket)
+    s3_client(moto_endpoint).create_bucket(Bucket=bucket)
     assert lake.checked() is lake
 
 

@@ -3,12 +3,12 @@ server on loopback (a subprocess, not an in-process mock)."""
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 import pytest
+
+from oml_dagster_tests.s3_server import new_bucket, s3_client, store_options
 
 
 @pytest.fixture
@@ -36,21 +36,11 @@ class S3Table:
 @pytest.fixture
 def s3_table(moto_endpoint) -> S3Table:
     """A fresh bucket on the moto server and the storage options delta-rs needs to reach it."""
-    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1", **creds)
-    bucket = f"lake-{uuid.uuid4().hex[:16]}"
-    client.create_bucket(Bucket=bucket)
-    storage_options = {
-        "AWS_ACCESS_KEY_ID": creds["aws_access_key_id"],
-        "AWS_SECRET_ACCESS_KEY": creds["aws_secret_access_key"],
-        "AWS_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_ALLOW_HTTP": "true",
-    }
+    bucket = new_bucket(moto_endpoint, "lake")
     return S3Table(
         uri=f"s3://{bucket}/tenant-a/events",
         bucket=bucket,
         prefix="tenant-a/events",
-        storage_options=storage_options,
-        client=client,
+        storage_options=store_options(moto_endpoint),
+        client=s3_client(moto_endpoint),
     )
