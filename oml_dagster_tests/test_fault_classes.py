@@ -131,6 +131,20 @@ def test_a_log_path_s_digits_and_the_store_s_retry_timeout_decide_nothing():
     assert classify(OSError(message)) is None
 
 
+def test_a_query_s_bare_exception_is_read_by_its_text():
+    """delta-rs's QueryBuilder (DataFusion) raises a bare `Exception` for a store fault met while
+    reading a table (found by the fault-schedule property: a drain stopped as a 'bug')."""
+    message = (
+        "External error: Parquet error: Parquet error: Failed to fetch metadata for file t/gold/"
+        "areas/part-00000.snappy.parquet: Object Store error: Generic S3 error: Error performing "
+        "GET http://127.0.0.1:9/b/t/gold/areas/part-00000.snappy.parquet in 30.0s - HTTP error: "
+        "error sending request"
+    )
+    assert classify(Exception(message)).transient
+    # a bare Exception with no store wording stays unknown: a bug, not retried
+    assert classify(Exception("tenant_id")) is None
+
+
 def test_botocore_errors_by_code():
     slow = ClientError(
         {"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"

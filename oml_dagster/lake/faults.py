@@ -369,11 +369,14 @@ def classify(error: BaseException) -> Fault | None:
 
 
 def _is_library_error(error: BaseException) -> bool:
-    """An error of delta-rs or ADBC, whose kind is in its text."""
+    """An error of delta-rs or ADBC, whose kind is in its text. A query through delta-rs's
+    QueryBuilder (DataFusion) fails with a bare `Exception` ("External error: Parquet error: ...
+    Object Store error: ... error sending request"): the project raises none of its own."""
     module = type(error).__module__ or ""
-    return module.startswith(("deltalake", "adbc_driver", "_internal")) or type(error).__name__ in (
-        "DeltaError",
-        "CommitFailedError",
+    return (
+        module.startswith(("deltalake", "adbc_driver", "_internal"))
+        or type(error).__name__ in ("DeltaError", "CommitFailedError")
+        or type(error) is Exception
     )
 
 
