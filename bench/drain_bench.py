@@ -11,6 +11,14 @@ of the drain process, and its RSS sampled over time.
 `--baseline-source DIR [DIR ...]` drains the same workload again with the code of each checkout
 (`git archive <commit> | tar -x -C DIR`) for a same-run comparison. Every drain starts from the
 database as the workload left it (a template copy): nothing sequenced, no verdicts.
+
+`--writer-role` drains this checkout's code as a deployment's writer login role (row-level
+security on, ADR 0049) instead of the DSN's own user; `--repeats N` runs every (cap, code) N
+times, interleaved. The cost of row-level security, beside the code before it:
+
+    git archive <commit before RLS> | tar -x -C /tmp/pre-rls
+    .venv/bin/python bench/drain_bench.py --tenants 20 --claims 1500 --max-batch 500 50000 \
+        --writer-role --repeats 3 --baseline-source /tmp/pre-rls
 """
 
 from __future__ import annotations
@@ -56,16 +64,25 @@ PLOT_EVERY_S = 0.25
 PEAK_EVERY_S = 0.02
 
 
-def drain_once(snapshot: Snapshot, dsn: str, max_batch: int, source: str | None = None) -> dict:
+def drain_once(
+    snapshot: Snapshot,
+    dsn: str,
+    max_batch: int,
+    source: str | None = None,
+    drain_dsn: str | None = None,
+) -> dict:
     """Drain everything into a fresh lake in a child process, from the database as the workload
     left it (nothing sequenced, no verdicts). With `source` (a checkout of an earlier commit)
-    the child runs that code: a baseline from the same run, on the same workload."""
+    the child runs that code: a baseline from the same run, on the same workload. With
+    `drain_dsn` the child connects with that DSN (a writer role's) instead of `dsn`."""
     snapshot.restore()
     with psycopg.connect(dsn, autocommit=True) as conn:
         ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
     with tempfile.TemporaryDirectory() as tmp:
         root = code_root(source)
-        env = child_env(root, OML_PG_DSN=dsn, OML_LAKE_URI=os.path.join(tmp, "oml-lake"))
+        env = child_env(
+            root, OML_PG_DSN=drain_dsn or dsn, OML_LAKE_URI=os.path.join(tmp, "oml-lake")
+        )
         cmd = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"]
         cmd += ["--max-batch", str(max_batch)]
         samples: list[tuple[float, float]] = []
@@ -98,7 +115,7 @@ def drain_once(snapshot: Snapshot, dsn: str, max_batch: int, source: str | None 
         ).fetchone()[0]
     return {
         "max_batch": max_batch,
-        "source": source or "this checkout",
+        "source": (source or "this checkout") + (" as the writer role" if drain_dsn else ""),
         "code": root,
         "ops": ops,
         "seconds": round(elapsed, 2),
@@ -125,6 +142,12 @@ def main() -> None:
         default=[],
         help="checkouts of earlier commits: each drain runs again with each one's code (baseline)",
     )
+    parser.add_argument(
+        "--writer-role",
+        action="store_true",
+        help="this checkout drains as a writer login role (row-level security on, ADR 0049)",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each (cap, code)")
     args = parser.parse_args()
 
     with fresh_database() as dsn:
@@ -132,13 +155,15 @@ def main() -> None:
         workload = WorkloadConfig(args.tenants, args.claims, args.seed, args.bad_ratio)
         run(dsn, workload, RunConfig(writers=2))
         written = time.perf_counter() - started
+        drain_dsn = writer_dsn(dsn) if args.writer_role else None
         snapshot = Snapshot(dsn)
         results = []
         try:
             for cap in args.max_batch:
-                results.append(drain_once(snapshot, dsn, cap))
-                for source in args.baseline_source:
-                    results.append(drain_once(snapshot, dsn, cap, source))
+                for _ in range(args.repeats):
+                    results.append(drain_once(snapshot, dsn, cap, drain_dsn=drain_dsn))
+                    for source in args.baseline_source:
+                        results.append(drain_once(snapshot, dsn, cap, source))
         finally:
             snapshot.drop()
 
@@ -158,6 +183,21 @@ def main() -> None:
             json.dump({"machine": machine(), "results": results}, f)
     if args.plot:
         plot(results, args.plot)
+
+
+WRITER_ROLE = "oml_bench_writer"
+
+
+def writer_dsn(dsn: str) -> str:
+    """`dsn` as the writer login role `oml-lake db upgrade --writer-role` makes (created here)."""
+    from oml_dagster.lake import db
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        db.create_writer_role(conn, WRITER_ROLE)
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    info["user"] = WRITER_ROLE
+    info.pop("password", None)
+    return psycopg.conninfo.make_conninfo(**info)
 
 
 def plot(results: list[dict], path: str) -> None:

@@ -96,21 +96,37 @@ exports=$("$PY" "$ROOT/deploy/databases.py" "$OML_ADMIN_DSN" "${db_args[@]}")
 eval "$exports"
 export OML_LAKE_URI="${OML_LAKE_URI:-$STATE/oml-lake}"
 say "lake database: $OML_PG_DSN; Dagster storage: database $DAGSTER_PG_DB; lake: $OML_LAKE_URI"
-oml-lake db upgrade
+# The migrations as the tables' owner, then the writer's own login role (row-level security, ADR
+# 0049): Dagster drains as that role, the simulated producers write as the owner. Its password
+# is OML_WRITER_PASSWORD's when set (a server that asks for one), none otherwise.
+WRITER_ROLE="${OML_DEMO_WRITER_ROLE:-oml_demo_writer}"
+oml-lake db upgrade --writer-role "$WRITER_ROLE"
+OWNER_DSN="$OML_PG_DSN"
+WRITER_DSN=$("$PY" - "$OWNER_DSN" "$WRITER_ROLE" <<'DSN'
+import os, sys
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+info = conninfo_to_dict(sys.argv[1])
+info["user"] = sys.argv[2]
+info.pop("password", None)
+if os.environ.get("OML_WRITER_PASSWORD"):
+    info["password"] = os.environ["OML_WRITER_PASSWORD"]
+print(make_conninfo(**info))
+DSN
+)
 
 # --- 4. a workload ------------------------------------------------------------------------------
 STREAM_SECONDS="${OML_DEMO_STREAM_SECONDS:-900}"
 say "seeding: 3 tenants"
-oml-lake simulate --tenants 3 --claims 40 --seed "$RANDOM" --bad-ratio 0.02 --no-progress \
-  >"$STATE/seed.log"
+OML_PG_DSN="$OWNER_DSN" oml-lake simulate --tenants 3 --claims 40 --seed "$RANDOM" \
+  --bad-ratio 0.02 --no-progress >"$STATE/seed.log"
 head -1 "$STATE/seed.log"
 (
   # New tenants keep arriving, each a paced stream; stopping this loop stops them all.
   trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
   end=$((SECONDS + STREAM_SECONDS))
   while [ "$SECONDS" -lt "$end" ]; do
-    oml-lake simulate --tenants 1 --claims 300 --seed "$RANDOM" --bad-ratio 0.02 \
-      --rate 8 --duration "$((end - SECONDS))" --no-progress >>"$STATE/producer.log" 2>&1 &
+    OML_PG_DSN="$OWNER_DSN" oml-lake simulate --tenants 1 --claims 300 --seed "$RANDOM" \
+      --bad-ratio 0.02 --rate 8 --duration "$((end - SECONDS))" --no-progress >>"$STATE/producer.log" 2>&1 &
     sleep 120 &
     wait $!
   done
@@ -119,6 +135,7 @@ head -1 "$STATE/seed.log"
 PIDS+=($!)
 
 # --- 5. Dagster ---------------------------------------------------------------------------------
+export OML_PG_DSN="$WRITER_DSN"
 export DAGSTER_HOME="$STATE/dagster_home"
 "$ROOT/deploy/dagster_home.sh" "$DAGSTER_HOME" >/dev/null
 export OML_DAGSTER_AUTOSTART=1

@@ -113,9 +113,14 @@ def health(service: str) -> str:
     return state.get("Health", {}).get("Status") or state["Status"]
 
 
-def lake_env() -> list[str]:
+def lake_env(owner: bool = False) -> list[str]:
+    """The lake's settings for a command in the image: the writer's login role (row-level
+    security, ADR 0049), or with `owner` the tables' owner (the producer, the smoke's probes)."""
+    user, password = (
+        ("oml", "POSTGRES_PASSWORD") if owner else ("oml_writer", "OML_WRITER_PASSWORD")
+    )
     env = {
-        "OML_PG_DSN": f"postgresql://oml:{os.environ['POSTGRES_PASSWORD']}@127.0.0.1:{PG_PORT}/oml",
+        "OML_PG_DSN": f"postgresql://{user}:{os.environ[password]}@127.0.0.1:{PG_PORT}/oml",
         "OML_LAKE_URI": "s3://oml-lake/oml-lake",
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{S3_PORT}",
         "AWS_REGION": "us-east-1",
@@ -126,19 +131,27 @@ def lake_env() -> list[str]:
     return [arg for k, v in env.items() for arg in ("-e", f"{k}={v}")]
 
 
-def in_image(*cmd: str, check: bool = True, name: str | None = None, detach: bool = False) -> str:
-    """A command in the code location image, on the host's network, with the lake's settings."""
+def in_image(
+    *cmd: str,
+    check: bool = True,
+    name: str | None = None,
+    detach: bool = False,
+    owner: bool = False,
+) -> str:
+    """A command in the code location image, on the host's network, with the lake's settings
+    (`owner`: as the tables' owner, see lake_env)."""
     extra = ["--name", name] if name else []
     extra += ["-d"] if detach else ["--rm"]
     mount = f"{REPO / 'deploy' / 'smoke_lake.py'}:/smoke/smoke_lake.py:ro"
     return run(
-        "docker", "run", *extra, "--network", "host", "--init", *lake_env(), "-v", mount, IMAGE,
+        "docker", "run", *extra, "--network", "host", "--init", *lake_env(owner), "-v", mount,
+        IMAGE,
         *cmd, check=check,
     )  # fmt: skip
 
 
 def lake(*args: str):
-    return json.loads(in_image("python", "/smoke/smoke_lake.py", *args))
+    return json.loads(in_image("python", "/smoke/smoke_lake.py", *args, owner=True))
 
 
 def run_containers(job: str | None = None, *, running: bool = True) -> list[dict]:
@@ -254,7 +267,7 @@ def start_stream(seed: int, seconds: int) -> tuple[str, float]:
     in_image(
         "oml-lake", "simulate", "--tenants", str(TENANTS), "--claims", str(claims),
         "--seed", str(seed), "--rate", str(STREAM_RATE), "--duration", str(seconds),
-        "--no-progress", name=name, detach=True,
+        "--no-progress", name=name, detach=True, owner=True,
     )  # fmt: skip
     return name, time.monotonic()
 
@@ -427,6 +440,7 @@ def build() -> None:
 
 def main() -> int:
     os.environ.setdefault("POSTGRES_PASSWORD", secrets.token_hex(12))
+    os.environ.setdefault("OML_WRITER_PASSWORD", secrets.token_hex(12))
     os.environ.setdefault("MINIO_ROOT_PASSWORD", secrets.token_hex(12))
     os.environ.setdefault("OML_LAKE_SECRET_KEY", secrets.token_hex(12))
     os.environ["DOCKER_GID"] = str(os.stat("/var/run/docker.sock").st_gid)

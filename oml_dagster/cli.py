@@ -38,17 +38,21 @@ from .lake.writer import COMMITS, BatchResult, WriterConfig
 from .output import OutputClosed
 from .output import out as _print
 from .panics import native_panics_filtered, terminal_stderr
-from .settings import DEBUG, retry_bounds, writer_batch
+from .settings import DEBUG, WRITER_PASSWORD, retry_bounds, writer_batch
 from .simulate.cli import register as register_simulate
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     with db.connect(autocommit=True) as conn:
         applied = db.upgrade(conn)
+        for role in args.writer_role or []:
+            db.create_writer_role(conn, role, WRITER_PASSWORD.read())
     for m in applied:
         _print(f"applied {m.version:04d}_{m.name}")
     if not applied:
         _print("schema oml is up to date")
+    for role in args.writer_role or []:
+        _print(f"writer role {role}: may log in, holds nothing outside a tenant or cross scope")
     return 0
 
 
@@ -406,9 +410,19 @@ def build_parser() -> argparse.ArgumentParser:
     dbp = sub.add_parser("db", help="the Postgres schema").add_subparsers(
         dest="db_command", required=True
     )
-    dbp.add_parser("upgrade", help="apply the oml schema migrations").set_defaults(
-        func=cmd_db_upgrade
+    up = dbp.add_parser(
+        "upgrade",
+        help="apply the oml schema migrations (as the tables' owner: OML_PG_DSN names it here)",
     )
+    up.add_argument(
+        "--writer-role",
+        action="append",
+        metavar="ROLE",
+        help="also create (or bring into line) ROLE, the login role the lake-writer's OML_PG_DSN "
+        "should name: no privileges of its own, member of oml_lake_tenant and oml_lake_cross; "
+        "password from OML_WRITER_PASSWORD when set (repeatable)",
+    )
+    up.set_defaults(func=cmd_db_upgrade)
 
     sub.add_parser("sequence", help="run the sequencer once").set_defaults(func=cmd_sequence)
 

@@ -166,6 +166,15 @@ PG_DSN: Setting[str] = Setting(
     "a libpq connection string or URI",
     "The lake's Postgres (schema `oml`: outbox, policies, verdicts, dead letters).",
 )
+WRITER_PASSWORD: Setting[str | None] = Setting(
+    "OML_WRITER_PASSWORD",
+    None,
+    _text,
+    "a password",
+    "The password `oml-lake db upgrade --writer-role ROLE` gives the writer's login role "
+    "(ADR 0049); unset: the role's password is left as it is.",
+    shown_default="none",
+)
 LAKE_URI: Setting[str] = Setting(
     "OML_LAKE_URI",
     "./.oml/oml-lake",
@@ -359,6 +368,7 @@ ERASURE_CADENCE_SECONDS: Setting[int] = _count_setting(
 
 SETTINGS: tuple[Setting[Any], ...] = (
     PG_DSN,
+    WRITER_PASSWORD,
     LAKE_URI,
     LAKE_STORAGE_OPTIONS,
     TENANT_STORAGE_OPTIONS_DIR,

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from oml_dagster.lake import db
 from oml_dagster.lake.storage import Lake, read_rows
@@ -64,6 +65,35 @@ def dsn(template_db, monkeypatch):
 @pytest.fixture
 def conn(dsn):
     with psycopg.connect(dsn, autocommit=True) as connection:
+        yield connection
+
+
+def _writer_dsn(dsn: str, role: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    info["user"] = role
+    info.pop("password", None)
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+@pytest.fixture
+def writer_dsn(conn, dsn) -> Iterator[str]:
+    """The DSN of a login role of the kind the README asks a deployment's writer to use, made by
+    `db upgrade`'s own code (ADR 0049): no privileges of its own, row-level security on. Roles
+    are the cluster's: one per test keeps tests apart."""
+    role = f"oml_writer_{uuid.uuid4().hex[:8]}"
+    db.create_writer_role(conn, role)
+    yield _writer_dsn(dsn, role)
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)
+        )
+    conn.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(sql.Identifier(role)))
+    conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture
+def writer_conn(writer_dsn) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(writer_dsn, autocommit=True) as connection:
         yield connection
 
 

@@ -182,7 +182,15 @@ def test_compose_has_every_service_with_pinned_images_health_checks_and_an_init(
         r"minio/minio:RELEASE\.(\d{4}-\d{2}-\d{2})T[\d-]+Z", services["minio"]["image"]
     )
     assert release and release[1] >= "2024-08-29", services["minio"]["image"]
-    assert services["migrate"]["command"] == ["oml-lake", "db", "upgrade"]
+    # The migrations as the tables' owner, then the writer's login role (ADR 0049), which every
+    # other process of the lake connects as.
+    assert services["migrate"]["command"] == [
+        "oml-lake", "db", "upgrade", "--writer-role", "oml_writer"
+    ]  # fmt: skip
+    assert services["migrate"]["environment"]["OML_PG_DSN"].startswith("postgresql://oml:")
+    for name in ("code", "daemon"):
+        dsn = services[name]["environment"]["OML_PG_DSN"]
+        assert dsn.startswith("postgresql://oml_writer:${OML_WRITER_PASSWORD:?"), (name, dsn)
     assert (
         services["code"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     )
@@ -483,7 +491,10 @@ def test_deploy_files_hold_no_credentials():
             if _secret_like(key):
                 assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]+\}", str(value)), (name, key, value)
             if key == "OML_PG_DSN":
-                assert "${POSTGRES_PASSWORD:?" in value, (name, value)
+                assert "${POSTGRES_PASSWORD:?" in value or "${OML_WRITER_PASSWORD:?" in value, (
+                    name,
+                    value,
+                )
 
     def walk(node, where: str) -> None:
         if isinstance(node, dict):

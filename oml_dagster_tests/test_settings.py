@@ -43,7 +43,7 @@ BAD = {
     "OML_RETRY_SECONDS": "-5",
     "OML_DEBUG": "verbose",
 }
-TEXT = {"OML_PG_DSN", "OML_LAKE_URI", "OML_TENANT_STORAGE_OPTIONS_DIR"}
+TEXT = {"OML_PG_DSN", "OML_WRITER_PASSWORD", "OML_LAKE_URI", "OML_TENANT_STORAGE_OPTIONS_DIR"}
 
 
 def test_every_setting_has_a_refusal_case_unless_it_is_text():

@@ -29,6 +29,7 @@ from oml_dagster.lake import deadletter, queries
 from oml_dagster.lake.drain import DrainPass, drain_riding_through
 from oml_dagster.lake.freshness import tenant_lag
 from oml_dagster.lake.policy import lag
+from oml_dagster.lake.queries import tenant_scope
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import (
     BRONZE_EVENTS,
@@ -143,13 +144,14 @@ def run_metadata(
     # new ops start where its earliest batch found the most advanced table.
     new_from = min(max((t.txn_before for t in r.tables), default=r.batch_end) for r in results)
     new_ops = 0
-    if new_from < batch_end:
-        new_ops = queries.ops_in(conn, tenant_id, new_from, batch_end)
+    with tenant_scope(conn, tenant_id):
+        if new_from < batch_end:
+            new_ops = queries.ops_in(conn, tenant_id, new_from, batch_end)
+        # Where every table stands after the run (the run has just refreshed this cache).
+        frontier = queries.frontier_versions(conn, tenant_id)
     # Verdicts recorded by an earlier run of the same ops count too: a replay reuses them.
     refused = len(deadletter.refused_seqs(conn, tenant_id, new_from, batch_end))
     outcomes_of_run = [t for r in results for t in r.tables]
-    # Where every table stands after the run (the run has just refreshed this cache).
-    frontier = queries.frontier_versions(conn, tenant_id)
     # The tenant's lag after the run: a table's own lag above counts from its txn version, which
     # an idle table (no op of its kind) keeps for up to txn_lag_limit ops, drained or not.
     behind = tenant_lag(conn, tenant_id)

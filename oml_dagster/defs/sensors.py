@@ -28,6 +28,7 @@ from dagster import (
 
 from oml_dagster.lake import queries, sequencer
 from oml_dagster.lake.policy import known_tenants
+from oml_dagster.lake.queries import cross_scope
 
 from .assets import OUTBOX
 from .jobs import LAKE_ASSET_KEYS, lake_writer_job
@@ -163,7 +164,8 @@ def outbox_sensor(
         cut = sequencer.sequence(conn)
         pending = sequencer.pending_tenants(conn)
         pending_ids = {t for t, _, _ in pending}
-        drained_at = queries.drained_at(conn, sorted(pending_ids))
+        with cross_scope(conn):
+            drained_at = queries.drained_at(conn, sorted(pending_ids))
         tenants = set(known_tenants(conn))
 
     # One listing of the partitions, through the tick's caching loader when it has one: Dagster

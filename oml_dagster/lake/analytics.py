@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from . import queries
 from .errors import LakeError
+from .queries import tenant_scope
 from .storage import Lake, tenant_tables
 from .tables import APP_ID, CORE_TABLES, GOLD_CURATED, TableId, TableSpec, area_descendants
 
@@ -487,13 +488,12 @@ def lake_lag(
         return []
     # One query: the oldest op of the tenant in each distinct batch.
     bounds = sorted({(c.batch_start, c.batch_end) for c in found})
-    oldest = {
-        (lo, hi): at
-        for lo, hi, at in conn.execute(
+    with tenant_scope(conn, tenant_id):
+        rows = conn.execute(
             queries.OLDEST_OP_PER_BATCH,
             ([lo for lo, _ in bounds], [hi for _, hi in bounds], tenant_id),
-        )
-    }
+        ).fetchall()
+    oldest = {(lo, hi): at for lo, hi, at in rows}
     return sorted(
         (
             CommitLag(**{**c.__dict__, "oldest_op_at": oldest.get((c.batch_start, c.batch_end))})
@@ -765,10 +765,5 @@ def refused_area_acts(conn: psycopg.Connection, tenant_id: str) -> frozenset[int
     """journal_seqs of the tenant's acts none of whose area ops the writer applied (each one
     dead-lettered and not re-enqueued). An act that also carried a refused copy of a good op
     keeps its place: only acts with no applied area op are left out of a replay."""
-    return frozenset(
-        js
-        for (js,) in conn.execute(
-            queries.REFUSED_AREA_ACTS,
-            (tenant_id,),
-        )
-    )
+    with tenant_scope(conn, tenant_id):
+        return frozenset(js for (js,) in conn.execute(queries.REFUSED_AREA_ACTS, (tenant_id,)))

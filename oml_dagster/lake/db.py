@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+from psycopg import sql
 
 from oml_dagster.settings import PG_DSN
 
@@ -61,3 +62,24 @@ def upgrade(conn: psycopg.Connection) -> list[Migration]:
             )
             applied.append(migration)
     return applied
+
+
+def create_writer_role(conn: psycopg.Connection, role: str, password: str | None = None) -> None:
+    """Create the login role a deployment's lake-writer connects as, or bring an existing one
+    into line: it may log in, inherits nothing (so outside a scope it can touch no table of
+    schema oml), bypasses no row-level security, and may take the two scope roles of migration
+    0004 (ADR 0049). Run by the migrations' owner, after `upgrade`; idempotent."""
+    name = sql.Identifier(role)
+    with conn.transaction():
+        conn.execute(queries.ADVISORY_XACT_LOCK, (queries.MIGRATION_LOCK,))
+        exists = conn.execute(queries.ROLE_EXISTS, (role,)).fetchone()[0]
+        attributes = sql.SQL("LOGIN NOINHERIT NOSUPERUSER NOCREATEROLE NOCREATEDB NOBYPASSRLS")
+        verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
+        conn.execute(sql.SQL("{} {} {}").format(verb, name, attributes))
+        if password:
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(name, sql.Literal(password)))
+        conn.execute(
+            sql.SQL("GRANT {}, {} TO {}").format(
+                sql.Identifier(queries.TENANT_ROLE), sql.Identifier(queries.CROSS_ROLE), name
+            )
+        )

@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from . import queries
 from .errors import RequeueError
+from .queries import cross_scope, tenant_scope
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class DeadLetter:
 
 
 def record(conn, seq, tenant_id, journal_seq, op, payload, reason) -> None:
+    """Record a refusal; inside the caller's `tenant_scope` of `tenant_id` (the writer records a
+    batch's refusals and its verdict in one such transaction)."""
     conn.execute(
         queries.DEAD_LETTER_INSERT,
         (seq, tenant_id, journal_seq, op, Jsonb(payload), reason),
@@ -43,16 +46,15 @@ def refused_seqs(
 ) -> dict[int, str]:
     if through <= after:
         return {}
-    rows = conn.execute(
-        queries.REFUSED_IN,
-        (tenant_id, after, through),
-    ).fetchall()
+    with tenant_scope(conn, tenant_id):
+        rows = conn.execute(queries.REFUSED_IN, (tenant_id, after, through)).fetchall()
     return dict(rows)
 
 
 def list_dead_letters(
     conn: psycopg.Connection, tenant_id: str | None = None, include_requeued: bool = False
 ) -> list[DeadLetter]:
+    """One tenant's dead letters (in its scope), or every tenant's (the cross-tenant scope)."""
     query = queries.DEAD_LETTERS_LIST
     params: list[Any] = []
     if tenant_id:
@@ -60,7 +62,19 @@ def list_dead_letters(
         params.append(tenant_id)
     if not include_requeued:
         query += queries.DEAD_LETTERS_OPEN
-    return [DeadLetter(*row) for row in conn.execute(query + queries.DEAD_LETTERS_ORDER, params)]
+    with tenant_scope(conn, tenant_id) if tenant_id else cross_scope(conn):
+        rows = conn.execute(query + queries.DEAD_LETTERS_ORDER, params).fetchall()
+    return [DeadLetter(*row) for row in rows]
+
+
+def _tenant_of(conn: psycopg.Connection, seq: int) -> str:
+    """The tenant dead letter `seq` belongs to (`RequeueError` when there is none): the one
+    cross-tenant read before a requeue or a resolution runs in that tenant's scope."""
+    with cross_scope(conn):
+        row = conn.execute(queries.DEAD_LETTER_TENANT, (seq,)).fetchone()
+    if row is None:
+        raise RequeueError(f"no dead letter with seq {seq}")
+    return row[0]
 
 
 def _lock_open(conn: psycopg.Connection, seq: int) -> tuple[str, str, Any]:
@@ -83,7 +97,7 @@ def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) ->
     """Re-enqueue dead letter `seq` as a new outbox row (the same op, its payload or a corrected
     one) at the tenant's last sequenced journal_seq, so it applies after everything already
     sequenced. Returns the new outbox id."""
-    with conn.transaction():
+    with tenant_scope(conn, _tenant_of(conn, seq)):
         tenant_id, op, stored = _lock_open(conn, seq)
         last = conn.execute(queries.LAST_JOURNAL_SEQ, (tenant_id,)).fetchone()
         new_id = conn.execute(
@@ -106,6 +120,6 @@ def resolve(conn: psycopg.Connection, seq: int, by: str, reason: str) -> Any:
         raise RequeueError(f"resolving dead letter {seq} needs a reason (--reason)")
     if not by:
         raise RequeueError(f"resolving dead letter {seq} needs a name (--by)")
-    with conn.transaction():
+    with tenant_scope(conn, _tenant_of(conn, seq)):
         _lock_open(conn, seq)
         return conn.execute(queries.MARK_RESOLVED, (by, reason, seq)).fetchone()[0]

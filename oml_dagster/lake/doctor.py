@@ -35,6 +35,7 @@ from .erasure import (
     erasure_evidence,
 )
 from .policy import lag
+from .queries import tenant_scope
 from .reconcile import reconcile
 from .storage import Lake, tenant_tables
 from .tables import APP_ID, CHECKPOINT_INTERVAL
@@ -239,11 +240,9 @@ def lost_tables(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[st
     """The tenant's tables that the frontier cache says were committed to (a txn above 0) and
     the lake no longer has: a lost lake, or a part of one. Empty for a tenant never drained."""
     present = {name for name, _, _ in tenant_tables(lake, tenant_id)}
-    return sorted(
-        name
-        for name, txn, _ in conn.execute(queries.FRONTIER_VERSIONS, (tenant_id,))
-        if txn and name not in present
-    )
+    with tenant_scope(conn, tenant_id):
+        frontier = conn.execute(queries.FRONTIER_VERSIONS, (tenant_id,)).fetchall()
+    return sorted(name for name, txn, _ in frontier if txn and name not in present)
 
 
 def examine(
@@ -272,10 +271,9 @@ def examine(
     # table with nothing to change may lag its txn on purpose). A missing lake: through 0.
     drained_through = max(txns) if txns else 0
     health.lag_ops, health.lag_seconds = lag(conn, tenant_id, drained_through)
-    health.dead_letters, health.dead_lettered_erases = conn.execute(
-        queries.OPEN_DEAD_LETTER_COUNTS,
-        (tenant_id,),
-    ).fetchone()
+    with tenant_scope(conn, tenant_id):
+        counts = conn.execute(queries.OPEN_DEAD_LETTER_COUNTS, (tenant_id,)).fetchone()
+    health.dead_letters, health.dead_lettered_erases = counts
     # Every failed reconciler check, open dead letters included: the count `reconcile` shows.
     for result in reconcile(conn, lake, tenant_id).failed():
         health.failed_checks.append(

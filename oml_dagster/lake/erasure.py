@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from . import deltalog, queries
 from .policy import DEFAULT_CADENCE, erasure_bound
+from .queries import tenant_scope
 from .storage import Lake, query, tenant_tables
 from .tables import GOLD_CURATED, SILVER_CLAIMS
 
@@ -206,10 +207,8 @@ class _Erase:
 
 
 def _erases(conn: psycopg.Connection, tenant_id: str) -> list[_Erase]:
-    rows = conn.execute(
-        queries.ERASE_ACTS,
-        (tenant_id,),
-    ).fetchall()
+    with tenant_scope(conn, tenant_id):
+        rows = conn.execute(queries.ERASE_ACTS, (tenant_id,)).fetchall()
     found = []
     for outbox_id, seq, payload, created, refused, open_letter, reason in rows:
         payload = payload if isinstance(payload, dict) else {}

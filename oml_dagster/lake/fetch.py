@@ -13,6 +13,7 @@ whole query. The statement's rows keep the index's seq order from scan to output
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import psycopg
 import pyarrow as pa
 
-from .queries import BATCH_SQL, FETCH_WORK_MEM
+from .queries import BATCH_SQL, FETCH_WORK_MEM, SCOPE_NUMBERED, TENANT_ROLE, tenant_text
 
 
 @dataclass
@@ -79,9 +80,20 @@ class Fetcher:
                 self._adbc = adbc.connect(self._conninfo, autocommit=True)
                 with self._adbc.cursor() as cur:
                     cur.execute(FETCH_WORK_MEM)
+            # The statement runs in the tenant's scope (scopes.py): a transaction of its own.
             with self._adbc.cursor() as cur:
-                cur.execute(BATCH_SQL, parameters=(tenant_id, after, max_ops, max_bytes))
-                return Batch(after, cur.fetch_arrow_table(), max_ops)
+                cur.execute("BEGIN")
+                try:
+                    cur.execute(SCOPE_NUMBERED, parameters=(TENANT_ROLE, tenant_text(tenant_id)))
+                    cur.fetchall()
+                    cur.execute(BATCH_SQL, parameters=(tenant_id, after, max_ops, max_bytes))
+                    columns = cur.fetch_arrow_table()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        cur.execute("ROLLBACK")
+                    raise
+                cur.execute("COMMIT")
+                return Batch(after, columns, max_ops)
 
     def fetch_async(self, tenant_id: str, after: int, max_ops: int, max_bytes: int):
         """`fetch` on the fetcher's worker thread."""

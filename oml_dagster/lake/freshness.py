@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import psycopg
 
 from . import queries
+from .queries import cross_scope
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ def tenant_lags(
     if tenant_ids is not None:
         filters = queries.TENANT_LAGS_OF
         params = [tenant_ids] * 3
-    rows = conn.execute(queries.TENANT_LAGS.format(**filters), params).fetchall()
+    with cross_scope(conn):
+        rows = conn.execute(queries.TENANT_LAGS.format(**filters), params).fetchall()
     return {
         tenant_id: TenantLag(
             tenant_id=tenant_id,

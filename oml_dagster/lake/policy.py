@@ -15,6 +15,7 @@ from oml_dagster.settings import ERASURE_CADENCE_SECONDS
 
 from . import queries
 from .errors import UnknownTenant
+from .queries import cross_scope, tenant_scope
 
 # A tenant without a policy row gets this bound (oml.tenant_policy's own default).
 DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
@@ -25,7 +26,8 @@ DEFAULT_CADENCE = dt.timedelta(seconds=ERASURE_CADENCE_SECONDS.default)
 def known_tenants(conn: psycopg.Connection) -> list[str]:
     """Every tenant the policy table or the sequencer knows, in id order: the tenants the command
     line, maintenance and the sensor's partitions cover when none is named."""
-    return sorted(t for (t,) in conn.execute(queries.KNOWN_TENANTS))
+    with cross_scope(conn):
+        return sorted(t for (t,) in conn.execute(queries.KNOWN_TENANTS))
 
 
 def resolve_tenants(conn: psycopg.Connection, named: Sequence[str] | None) -> list[str]:
@@ -42,10 +44,7 @@ def resolve_tenants(conn: psycopg.Connection, named: Sequence[str] | None) -> li
             tenant_id = str(uuid.UUID(text))
         except ValueError:
             raise UnknownTenant(f"tenant {text!r} is not a UUID") from None
-        if (
-            tenant_id not in known
-            and not conn.execute(queries.TENANT_IN_OUTBOX, (tenant_id,)).fetchone()[0]
-        ):
+        if tenant_id not in known and not _in_outbox(conn, tenant_id):
             raise UnknownTenant(
                 f"tenant {tenant_id} is not known to PostgreSQL (no policy, sequencer or outbox "
                 f"row; {len(known)} tenants are): check the id, or `oml-lake doctor` lists them"
@@ -55,9 +54,15 @@ def resolve_tenants(conn: psycopg.Connection, named: Sequence[str] | None) -> li
     return resolved
 
 
+def _in_outbox(conn: psycopg.Connection, tenant_id: str) -> bool:
+    with tenant_scope(conn, tenant_id):
+        return conn.execute(queries.TENANT_IN_OUTBOX, (tenant_id,)).fetchone()[0]
+
+
 def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:
     """The tenant's `lake_erasure_bound`; DEFAULT_ERASURE_BOUND without a policy row."""
-    row = conn.execute(queries.ERASURE_BOUND, (tenant_id,)).fetchone()
+    with tenant_scope(conn, tenant_id):
+        row = conn.execute(queries.ERASURE_BOUND, (tenant_id,)).fetchone()
     return row[0] if row else DEFAULT_ERASURE_BOUND
 
 
@@ -68,9 +73,7 @@ def erasure_cadence() -> dt.timedelta:
 
 def lag(conn: psycopg.Connection, tenant_id: str, drained_through: int) -> tuple[int, float]:
     """(ops sequenced but not drained, seconds since the oldest of them was written)."""
-    count, oldest = conn.execute(
-        queries.OUTBOX_LAG,
-        (tenant_id, drained_through),
-    ).fetchone()
+    with tenant_scope(conn, tenant_id):
+        count, oldest = conn.execute(queries.OUTBOX_LAG, (tenant_id, drained_through)).fetchone()
     seconds = (dt.datetime.now(dt.UTC) - oldest).total_seconds() if oldest else 0.0
     return count, max(seconds, 0.0)

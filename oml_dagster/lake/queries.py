@@ -11,6 +11,9 @@ runs over ADBC and takes `$1`..`$4`. This module imports nothing of the lake.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 
@@ -27,6 +30,7 @@ CREATE_MIGRATIONS_TABLE = (
 )
 APPLIED_MIGRATIONS = "SELECT version FROM oml.schema_migrations"
 RECORD_MIGRATION = "INSERT INTO oml.schema_migrations (version, name) VALUES (%s, %s)"
+ROLE_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s)"
 
 # --- rewrites of a table (rewrites.py) ---------------------------------------------------------
 
@@ -245,7 +249,9 @@ BODIES_OF = (
     " ON b.artifact_id = k.artifact_id AND b.version = k.version WHERE b.tenant_id = %s"
 )
 STORED_BODIES = "SELECT artifact_id::text, version FROM oml.claim_bodies WHERE tenant_id = %s"
-API_KEY_OWNERS = "SELECT api_key_id, tenant_id::text FROM oml.api_keys WHERE api_key_id = ANY(%s)"
+# Owners of any tenant's keys: a tenant's scope reaches them through this function alone
+# (migration 0004), which hands out ids and owners, never the keys.
+API_KEY_OWNERS = "SELECT api_key_id, tenant_id FROM oml.api_key_owners(%s::text[])"
 PUBLIC_KEYS = "SELECT api_key_id, tenant_id::text, public_key FROM oml.api_keys"
 
 # --- verdicts ----------------------------------------------------------------------------------
@@ -345,6 +351,7 @@ OPEN_DEAD_LETTER_COUNTS = (
     "SELECT count(*), count(*) FILTER (WHERE op = 'claim.erase') FROM oml.lake_dead_letter"
     " WHERE tenant_id = %s AND requeued_at IS NULL AND resolved_at IS NULL"
 )
+DEAD_LETTER_TENANT = "SELECT tenant_id::text FROM oml.lake_dead_letter WHERE seq = %s"
 DEAD_LETTER_FOR_REQUEUE = (
     "SELECT tenant_id, op, payload, requeued_at, resolved_at FROM oml.lake_dead_letter"
     " WHERE seq = %s FOR UPDATE"
@@ -379,6 +386,52 @@ TENANT_IN_OUTBOX = "SELECT EXISTS (SELECT 1 FROM oml.outbox WHERE tenant_id = %s
 ERASURE_BOUND = "SELECT lake_erasure_bound FROM oml.tenant_policy WHERE tenant_id = %s"
 # (ops sequenced above a seq, the oldest one's created_at) of a tenant.
 OUTBOX_LAG = "SELECT count(*), min(created_at) FROM oml.outbox WHERE tenant_id = %s AND seq > %s"
+
+
+# --- row-level security scopes (migration 0004, ADR 0049) --------------------------------------
+#
+# Every statement on a tenant-scoped table of schema `oml` runs inside one of these transactions:
+# `tenant_scope(conn, tenant)` takes role oml_lake_tenant, whose policies show and accept only the
+# rows of that tenant (setting `oml.tenant_id`); `cross_scope(conn)` takes role oml_lake_cross, for
+# the cross-tenant parts (the sequencer's cut, the pending list, the lag report, the tenant list,
+# reports over every tenant), which reads every tenant's rows and writes only what the sequencer
+# writes. Role and tenant are both LOCAL: they end with the transaction, so a connection handed
+# back to a pool, or reused for the next tenant, carries neither. A login role that is a member of
+# both roles and holds nothing of its own (README, "PostgreSQL roles") can run no statement on
+# those tables outside a scope: a forgotten scope fails loudly instead of reading across tenants.
+
+TENANT_ROLE = "oml_lake_tenant"
+CROSS_ROLE = "oml_lake_cross"
+# Role and tenant for the rest of the transaction (set_config's `true`: SET LOCAL).
+SCOPE = "SELECT set_config('role', %s, true), set_config('oml.tenant_id', %s, true)"
+# The same over ADBC (the batch fetch), which numbers its parameters.
+SCOPE_NUMBERED = "SELECT set_config('role', $1, true), set_config('oml.tenant_id', $2, true)"
+
+
+def tenant_text(tenant_id: str) -> str:
+    """The tenant's id as the policies compare it; a ValueError names anything else."""
+    try:
+        return str(uuid.UUID(str(tenant_id)))
+    except ValueError:
+        raise ValueError(f"tenant {tenant_id!r} is not a UUID") from None
+
+
+@contextmanager
+def tenant_scope(conn: psycopg.Connection, tenant_id: str) -> Iterator[psycopg.Connection]:
+    """A transaction on `conn` acting for `tenant_id` alone. Inside a transaction already open
+    the scope is a savepoint, and role and tenant hold until that transaction ends."""
+    tenant = tenant_text(tenant_id)
+    with conn.transaction():
+        conn.execute(SCOPE, (TENANT_ROLE, tenant))
+        yield conn
+
+
+@contextmanager
+def cross_scope(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    """A transaction on `conn` for the cross-tenant parts."""
+    with conn.transaction():
+        conn.execute(SCOPE, (CROSS_ROLE, ""))
+        yield conn
 
 
 # --- small reads the Dagster layer runs --------------------------------------------------------

@@ -48,6 +48,7 @@ from deltalake import DeltaTable
 
 from . import catalog, queries
 from .errors import RefusedOp
+from .queries import cross_scope, tenant_scope
 from .storage import Lake, read_rows, tenant_tables
 from .tables import (
     APP_ID,
@@ -257,13 +258,9 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
         spec.name: CheckResult(spec.name, FRONTIER, tenant_id)
         for spec in (BRONZE_EVENTS, SILVER_CLAIMS, GOLD_LINEAGE, GOLD_AREAS, GOLD_CURATED)
     }
-    cache = {
-        name: (batch_end, txn)
-        for name, batch_end, txn in conn.execute(
-            queries.FRONTIER_BATCH_ENDS,
-            (tenant_id,),
-        )
-    }
+    with tenant_scope(conn, tenant_id):
+        rows = conn.execute(queries.FRONTIER_BATCH_ENDS, (tenant_id,)).fetchall()
+    cache = {name: (batch_end, txn) for name, batch_end, txn in rows}
     in_lake = {t.name: t for t in snapshot.tables}
     for name, t in in_lake.items():
         result = results[t.spec.name]
@@ -300,10 +297,14 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
 # --- bronze chain ------------------------------------------------------------------------------
 
 
-def public_keys(conn: psycopg.Connection) -> dict[str, tuple[str, bytes]]:
-    """api_key_id -> (owning tenant, raw Ed25519 public key), from oml.api_keys."""
-    rows = conn.execute(queries.PUBLIC_KEYS)
-    return {key_id: (tenant_id, bytes(pub)) for key_id, tenant_id, pub in rows}
+def public_keys(
+    conn: psycopg.Connection, tenant_id: str | None = None
+) -> dict[str, tuple[str, bytes]]:
+    """api_key_id -> (owning tenant, raw Ed25519 public key), from oml.api_keys: the keys of
+    `tenant_id` (in its scope), or of every tenant (the cross-tenant scope)."""
+    with tenant_scope(conn, tenant_id) if tenant_id else cross_scope(conn):
+        rows = conn.execute(queries.PUBLIC_KEYS).fetchall()
+    return {key_id: (owner, bytes(pub)) for key_id, owner, pub in rows}
 
 
 def _envelope_disagrees(row: dict, tenant_id: str) -> list[str]:
@@ -487,10 +488,8 @@ def check_bodies(snapshot: LakeSnapshot) -> CheckResult:
 
 def check_dead_letters(conn: psycopg.Connection, tenant_id: str) -> CheckResult:
     result = CheckResult(SILVER_CLAIMS.name, DEAD_LETTERS, tenant_id)
-    rows = conn.execute(
-        queries.OPEN_DEAD_LETTERS,
-        (tenant_id,),
-    ).fetchall()
+    with tenant_scope(conn, tenant_id):
+        rows = conn.execute(queries.OPEN_DEAD_LETTERS, (tenant_id,)).fetchall()
     for seq, op, payload, reason, refused_at in rows:
         result.checked += 1
         payload = payload if isinstance(payload, dict) else {}
@@ -527,10 +526,8 @@ class _BodyPresence(dict):
 
 
 def _stored_bodies(conn: psycopg.Connection, tenant_id: str) -> set[tuple[str, int]]:
-    rows = conn.execute(
-        queries.STORED_BODIES,
-        (tenant_id,),
-    )
+    with tenant_scope(conn, tenant_id):
+        rows = conn.execute(queries.STORED_BODIES, (tenant_id,)).fetchall()
     return {(a, v) for a, v in rows}
 
 
@@ -550,7 +547,7 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
     state = TenantState.blank(
         tenant_id,
         bodies=_BodyPresence(_stored_bodies(conn, tenant_id)),
-        api_keys={k: owner for k, (owner, _) in public_keys(conn).items()},
+        api_keys={k: owner for k, (owner, _) in public_keys(conn, tenant_id).items()},
         bronze_txn=2**62,  # bronze is checked from itself, not folded
     )
     works = {
@@ -560,13 +557,8 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
     }
     pending = sorted((txn, name) for name, txn in through.items() if name in works)
     last = max((txn for txn, _ in pending), default=0)
-    refused = {
-        seq
-        for (seq,) in conn.execute(
-            queries.REFUSED_THROUGH,
-            (tenant_id, last),
-        )
-    }
+    with tenant_scope(conn, tenant_id):
+        refused = {seq for (seq,) in conn.execute(queries.REFUSED_THROUGH, (tenant_id, last))}
     folded: dict[str, dict[tuple, dict]] = {}
     unparsable: list[tuple[int, str, str]] = []
 
@@ -575,21 +567,19 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
             _, name = pending.pop(0)
             folded[name] = dict(works[name].rows)
 
-    cursor = conn.cursor()
-    for seq, journal_seq, name, payload in cursor.stream(
-        queries.OUTBOX_THROUGH,
-        (tenant_id, last),
-    ):
-        take_through(seq)
-        if seq in refused:
-            continue
-        try:
-            op = catalog.parse(seq, journal_seq, tenant_id, name, payload)
-        except RefusedOp as refusal:
-            # The writer records every refusal before it commits: this one it applied.
-            unparsable.append((seq, name, refusal.reason))
-            continue
-        catalog.apply(op, state)
+    with tenant_scope(conn, tenant_id):
+        stream = conn.cursor().stream(queries.OUTBOX_THROUGH, (tenant_id, last))
+        for seq, journal_seq, name, payload in stream:
+            take_through(seq)
+            if seq in refused:
+                continue
+            try:
+                op = catalog.parse(seq, journal_seq, tenant_id, name, payload)
+            except RefusedOp as refusal:
+                # The writer records every refusal before it commits: this one it applied.
+                unparsable.append((seq, name, refusal.reason))
+                continue
+            catalog.apply(op, state)
     take_through(2**63)
     return Fold(folded, unparsable)
 
@@ -773,7 +763,7 @@ def reconcile(
         for name, r in check_frontier(conn, snapshot).items():
             found[(name, FRONTIER)] = r
     if want(CHAIN):
-        found[(BRONZE_EVENTS.name, CHAIN)] = check_chain(snapshot, public_keys(conn))
+        found[(BRONZE_EVENTS.name, CHAIN)] = check_chain(snapshot, public_keys(conn, tenant_id))
     for spec in (SILVER_CLAIMS, GOLD_CURATED):
         if (spec.name, ERASED) in wanted:
             found[(spec.name, ERASED)] = check_erased(snapshot, spec)

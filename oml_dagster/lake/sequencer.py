@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from . import queries
+from .queries import cross_scope
 
 
 def quotas(pending: dict[str, int], limit: int) -> dict[str, int]:
@@ -84,7 +85,7 @@ class SequencerReport:
 
 def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
     """Run one cut; commits its own transaction."""
-    with conn.transaction():
+    with cross_scope(conn):
         report, _ = _cut(conn, limit, None)
         _count_waiting(conn, report)
     return report
@@ -165,7 +166,7 @@ def sequence_for_batches(
     report = SequencerReport()
     pending: dict[str, int] | None = None
     for n in range(MOST_CUTS_PER_PASS):
-        with conn.transaction():
+        with cross_scope(conn):
             cut, pending = _cut(conn, limit, pending)
             report = report.then(cut)
             pending = {
@@ -196,4 +197,5 @@ def pending_tenants(
     if tenant_ids:
         query += queries.PENDING_TENANTS_OF
         params.append(tenant_ids)
-    return [tuple(r) for r in conn.execute(query + queries.PENDING_TENANTS_ORDER, params)]
+    with cross_scope(conn):
+        return [tuple(r) for r in conn.execute(query + queries.PENDING_TENANTS_ORDER, params)]

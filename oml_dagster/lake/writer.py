@@ -54,6 +54,7 @@ from .errors import (
 )
 from .fetch import Batch, Fetcher
 from .policy import erasure_bound
+from .queries import tenant_scope
 from .rewrites import compact_small_files
 from .storage import FileKeys, Lake, OpenTables, app_txn, may_hold, query, sql_text
 from .tables import (
@@ -204,32 +205,35 @@ def _handle(
 def _payloads(conn: psycopg.Connection, tenant_id: str, seqs: list[int]) -> dict[int, dict]:
     """The payloads of ops the fetch sent as columns that the catalog must fold after all."""
     params = (tenant_id, min(seqs), max(seqs), seqs)
-    return dict(conn.execute(queries.OUTBOX_PAYLOADS, params).fetchall())
+    with tenant_scope(conn, tenant_id):
+        return dict(conn.execute(queries.OUTBOX_PAYLOADS, params).fetchall())
 
 
 def _bodies(conn: psycopg.Connection, tenant_id: str, keys: set[tuple[str, int]]) -> dict:
     if not keys:
         return {}
     artifacts, versions = zip(*sorted(keys), strict=True)
-    rows = conn.execute(
-        queries.BODIES_OF,
-        (list(artifacts), list(versions), tenant_id),
-    ).fetchall()
+    with tenant_scope(conn, tenant_id):
+        rows = conn.execute(
+            queries.BODIES_OF,
+            (list(artifacts), list(versions), tenant_id),
+        ).fetchall()
     return {(a, v): bytes(body) for a, v, body in rows}
 
 
-def _api_keys(conn: psycopg.Connection, key_ids: set[str]) -> dict[str, str]:
+def _api_keys(conn: psycopg.Connection, tenant_id: str, key_ids: set[str]) -> dict[str, str]:
+    """api_key_id -> owning tenant, other tenants' keys included (through the one cross-tenant
+    read a tenant's scope is granted: owners and ids only)."""
     if not key_ids:
         return {}
-    rows = conn.execute(
-        queries.API_KEY_OWNERS,
-        (sorted(key_ids),),
-    ).fetchall()
+    with tenant_scope(conn, tenant_id):
+        rows = conn.execute(queries.API_KEY_OWNERS, (sorted(key_ids),)).fetchall()
     return dict(rows)
 
 
 def decided_through(conn: psycopg.Connection, tenant_id: str) -> int:
-    row = conn.execute(queries.DECIDED_THROUGH, (tenant_id,)).fetchone()
+    with tenant_scope(conn, tenant_id):
+        row = conn.execute(queries.DECIDED_THROUGH, (tenant_id,)).fetchone()
     return row[0] if row else 0
 
 
@@ -839,7 +843,7 @@ def _working_state(
             },
         ),
         api_keys=_api_keys(
-            conn, {op.args["api_key_id"] for op in parsed if op.name == "journal.event"}
+            conn, tenant_id, {op.args["api_key_id"] for op in parsed if op.name == "journal.event"}
         ),
     )
     state.areas.load(area_rows)
@@ -884,7 +888,7 @@ def _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end) -> None
     """Record this batch's refusals and decided frontier before any table commits; another
     writer that decided first wins, and a disagreement stops this run."""
     by_seq = {r[0]: r for r in rows}
-    with conn.transaction():
+    with tenant_scope(conn, tenant_id):
         for seq, reason in refused.items():
             _, journal_seq, name, payload, _ = by_seq[seq]
             deadletter.record(conn, seq, tenant_id, journal_seq, name, payload, reason)
@@ -902,7 +906,7 @@ def _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end) -> None
 
 def _update_frontier(conn, tenant_id: str, handles: dict[str, _Handle], batch_end: int) -> None:
     """Refresh the frontier cache: each table is drained through `batch_end`."""
-    with conn.transaction():
+    with tenant_scope(conn, tenant_id):
         for h in handles.values():
             conn.execute(
                 queries.FRONTIER_UPSERT,
