@@ -19,6 +19,7 @@ for faults outside the store, such as killing the writer's PostgreSQL sessions a
 from __future__ import annotations
 
 import http.client
+import multiprocessing
 import random
 import socket
 import socketserver
@@ -48,7 +49,14 @@ _HOP_BY_HOP = {
 
 
 class FaultProxy:
-    """The proxy as a context manager; `endpoint` is what clients use as AWS_ENDPOINT_URL."""
+    """The proxy as a context manager; `endpoint` is what clients use as AWS_ENDPOINT_URL.
+
+    It serves from a process of its own: a drain in the test's own process holds the GIL while
+    delta-rs reads a table through its QueryBuilder (bench/RESULTS.md, 6 Dec), and a proxy
+    thread beside it then cannot answer the very requests that read waits on (each one timed out
+    after object_store's 30 s). `on_request` must therefore be picklable (a module-level
+    function or an instance of a module-level class); `requests`, `injected` and `enabled` are
+    shared with that process."""
 
     def __init__(
         self,
@@ -66,16 +74,88 @@ class FaultProxy:
         unknown = (set(kinds) | set((schedule or {}).values())) - set(KINDS)
         if unknown or not kinds:
             raise ValueError(f"fault kinds must be some of {KINDS}, got {sorted(unknown)}")
-        self.schedule = dict(schedule) if schedule is not None else None
-        self.on_request = on_request
         target = urlparse(upstream)
-        self.upstream = (target.hostname or "127.0.0.1", target.port or 80)
-        self.rate, self.kinds, self.delay_seconds = rate, tuple(kinds), delay_seconds
-        self.max_faults, self.timeout = max_faults, timeout
-        self.enabled = True
-        self.injected: Counter[str] = Counter()
-        self.requests = 0
-        self._rng = random.Random(seed)
+        self._config = {
+            "upstream": (target.hostname or "127.0.0.1", target.port or 80),
+            "rate": rate,
+            "seed": seed,
+            "kinds": tuple(kinds),
+            "delay_seconds": delay_seconds,
+            "max_faults": max_faults,
+            "timeout": timeout,
+            "schedule": dict(schedule) if schedule is not None else None,
+            "on_request": on_request,
+        }
+        context = multiprocessing.get_context("spawn")
+        self._context = context
+        self._requests = context.Value("q", 0)
+        self._injected = context.Array("q", len(KINDS))
+        self._enabled = context.Value("b", 1)
+        self._stop = context.Event()
+        self._process = None
+        self.endpoint = ""
+
+    @property
+    def requests(self) -> int:
+        return self._requests.value
+
+    @property
+    def injected(self) -> Counter[str]:
+        return Counter({k: n for k, n in zip(KINDS, self._injected[:], strict=True) if n})
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._enabled.value)
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self._enabled.value = 1 if on else 0
+
+    def __enter__(self) -> FaultProxy:
+        ready, told = self._context.Pipe(duplex=False)
+        shared = (self._requests, self._injected, self._enabled, self._stop)
+        self._process = self._context.Process(
+            target=_serve_forever, args=(self._config, shared, told), daemon=True
+        )
+        self._process.start()
+        if not ready.poll(START_TIMEOUT_S):
+            self._process.kill()
+            raise RuntimeError(f"the fault proxy did not start within {START_TIMEOUT_S}s")
+        self.endpoint = f"http://127.0.0.1:{ready.recv()}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+
+
+START_TIMEOUT_S = 30.0
+
+
+def _serve_forever(config: dict, shared: tuple, told) -> None:
+    """The proxy's process: serve until the parent sets the stop event."""
+    server = _Proxy(config, *shared[:3])
+    told.send(server.port)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    shared[3].wait()
+    server.shutdown()
+
+
+class _Proxy:
+    """The proxy's own process: a thread per connection, one request per connection."""
+
+    def __init__(self, config: dict, requests, injected, enabled):
+        self.upstream = config["upstream"]
+        self.rate, self.kinds = config["rate"], config["kinds"]
+        self.delay_seconds, self.timeout = config["delay_seconds"], config["timeout"]
+        self.max_faults, self.schedule = config["max_faults"], config["schedule"]
+        self.on_request = config["on_request"]
+        self._requests, self._injected, self._enabled = requests, injected, enabled
+        self._rng = random.Random(config["seed"])
         self._lock = threading.Lock()
         proxy = self
 
@@ -86,24 +166,22 @@ class FaultProxy:
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = 128
 
         self._server = Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.port = self._server.server_address[1]
 
-    def __enter__(self) -> FaultProxy:
-        self._thread.start()
-        return self
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
 
-    def __exit__(self, *exc) -> None:
+    def shutdown(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-        self._thread.join(10)
 
     def _draw(self) -> str | None:
         with self._lock:
-            self.requests += 1
-            number = self.requests
+            self._requests.value += 1
+            number = self._requests.value
             roll, kind = self._rng.random(), self._rng.choice(self.kinds)
             chosen = kind if roll < self.rate else None
             if self.schedule is not None:
@@ -111,9 +189,9 @@ class FaultProxy:
         if self.on_request is not None:
             self.on_request(number)
         with self._lock:
-            if chosen is None or not self.enabled or sum(self.injected.values()) >= self.max_faults:
+            if chosen is None or not self._enabled.value or sum(self._injected) >= self.max_faults:
                 return None
-            self.injected[chosen] += 1
+            self._injected[KINDS.index(chosen)] += 1
             return chosen
 
     # --- one request ----------------------------------------------------------------------

@@ -236,6 +236,35 @@ def test_a_run_rides_through_killed_sessions(conn, lake, dsn, defs, instance, mo
 
 
 @pytest.mark.s3
+def test_a_run_rides_through_a_failing_store(moto_endpoint, conn, dsn, defs, instance, monkeypatch):
+    """A lake-writer run whose object store fails requests (object_store's own retries off, so
+    every fault reaches the writer) retries inside the run (a warning per retry in its log),
+    succeeds, and leaves the lake exact."""
+    from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+
+    (keys,) = _workload(conn, tenants=1, claims=12)
+    bucket = new_bucket(moto_endpoint, "oml-run-faults")
+    # Every kind of fault once, early and late in the run: table creation, commits, reads.
+    schedule = dict(zip((5, 30, 60, 95, 130, 170), KINDS, strict=True))
+    instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [keys.tenant_id])
+    with FaultProxy(moto_endpoint, schedule=schedule, delay_seconds=0.3) as proxy:
+        for key, value in {**lake_env(proxy.endpoint, bucket), **FAST_RETRY}.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("OML_LAKE_STORAGE_OPTIONS", '{"max_retries": "0"}')
+        monkeypatch.setenv("OML_MAX_BATCH", "10")
+        result = defs.resolve_job_def("lake_writer_job").execute_in_process(
+            partition_key=keys.tenant_id, instance=instance
+        )
+        injected = sum(proxy.injected.values())
+    assert result.success
+    assert injected >= 3, proxy.injected
+    logs = _run_logs(instance, result.run_id)
+    assert any("object store or network fault" in m and "retrying in" in m for m in logs), logs
+    direct = Lake(f"s3://{bucket}/oml-lake", store_options(moto_endpoint))
+    assert_exactly_once(conn, direct, [keys])
+
+
+@pytest.mark.s3
 def test_a_run_on_a_missing_bucket_fails_with_the_one_line(
     moto_endpoint, dsn, conn, tenant, defs, instance, monkeypatch
 ):
