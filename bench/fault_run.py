@@ -34,11 +34,14 @@ from oml_dagster.lake import db
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.simulate import producer
-from oml_dagster_tests.fault_proxy import FaultProxy
-from oml_dagster_tests.helpers import lake_snapshot
-from oml_dagster_tests.pg_cluster import private_cluster
-from oml_dagster_tests.s3_server import lake_env, moto_server, new_bucket, store_options
-from oml_dagster_tests.test_commit_fence import mixed_workload
+
+if __package__ is None or __package__ == "":  # run as a script: the repository's root first
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from oml_testbed.fault_proxy import FaultProxy  # noqa: E402
+from oml_testbed.pg_cluster import private_cluster  # noqa: E402
+from oml_testbed.s3_server import lake_env, moto_server, new_bucket, store_options  # noqa: E402
+from oml_testbed.workloads import lake_snapshot, mixed_workload  # noqa: E402
 
 DRAIN = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "100"]
 

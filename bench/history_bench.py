@@ -57,7 +57,7 @@ if __package__ is None or __package__ == "":  # run as a script: the repository'
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._support import machine  # noqa: E402
-from oml_dagster_tests.s3_server import lake_env, moto_server  # noqa: E402
+from oml_testbed.s3_server import lake_env, moto_server  # noqa: E402
 
 TENANT = str(uuid.UUID(int=10, version=4))
 

@@ -43,7 +43,7 @@ if __package__ is None or __package__ == "":  # run as a script: the repository'
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.history_bench import TENANT, cheap_appends, event_rows, measured_commit  # noqa: E402
-from oml_dagster_tests.s3_server import lake_env, moto_server  # noqa: E402
+from oml_testbed.s3_server import lake_env, moto_server  # noqa: E402
 
 
 def default_hook_commit(lake: Lake, tables: OpenTables, seq: int) -> None:

@@ -4,6 +4,7 @@ fresh lake directory, tenants, and readers of the lake's tables."""
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -15,7 +16,7 @@ from oml_dagster.lake import db
 from oml_dagster.lake.storage import Lake, read_rows
 from oml_dagster.lake.tables import GOLD_CURATED, TableSpec
 from oml_dagster.simulate import producer
-from oml_dagster_tests.s3_server import moto_server, new_bucket, store_options
+from oml_testbed.s3_server import moto_server, new_bucket, store_options
 
 ADMIN_DSN = os.environ.get("OML_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -30,7 +31,12 @@ def _dsn_for(database: str) -> str:
 def _defs_state_storage_scoped_to_the_test() -> Iterator[None]:
     """Dagster keeps the current defs-state storage in a ContextVar that entering an instance sets;
     an evaluation context that builds an instance from a ref and is never exited leaves it set, and
-    the next test that loads a repository then hits the dead instance's weakref. Scope it here."""
+    the next test that loads a repository then hits the dead instance's weakref. Scope it here.
+    A test run that never loaded Dagster (the unit tests) has nothing to scope and does not pay
+    for importing it; a test that loads it first leaves it to the next test's scope."""
+    if "dagster" not in sys.modules:
+        yield
+        return
     from dagster._core.storage.defs_state.base import set_defs_state_storage
 
     with set_defs_state_storage(None):

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import io
 import threading
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.fetch import Fetcher
-from oml_dagster.lake.storage import read_rows, tenant_tables
 from oml_dagster.lake.tables import (
     BRONZE_EVENTS,
     GOLD_AREAS,
@@ -23,38 +20,15 @@ from oml_dagster.lake.tables import (
 )
 from oml_dagster.simulate import acts
 from oml_dagster_tests.conftest import by_key, table_rows
-
-
-def new_id() -> str:
-    return str(uuid.uuid4())
-
-
-@dataclass
-class Tree:
-    root: str
-    a: str
-    b: str
-    a1: str
-
-
-def make_tree(conn, keys) -> Tree:
-    """root(u) → a(u.a) → a1(u.a.a1); root → b(u.b)."""
-    tree = Tree(new_id(), new_id(), new_id(), new_id())
-    acts.upsert_area(conn, keys, tree.root, path="u", status="development", parent_id=None)
-    acts.upsert_area(conn, keys, tree.a, path="u.a", status="development", parent_id=tree.root)
-    acts.upsert_area(conn, keys, tree.b, path="u.b", status="development", parent_id=tree.root)
-    acts.upsert_area(conn, keys, tree.a1, path="u.a.a1", status="development", parent_id=tree.a)
-    return tree
-
-
-def claim(workarea_id: str, path: str = "u.a", version: int = 1, **kw) -> acts.Claim:
-    return acts.Claim(new_id(), version, workarea_id, path, **kw)
-
-
-def promoted(conn, keys, workarea_id: str, path: str = "u.a", **kw) -> acts.Claim:
-    c = claim(workarea_id, path, **kw)
-    acts.promote(conn, keys, c, f"body of {c.artifact_id}".encode())
-    return c
+from oml_testbed.workloads import (  # noqa: F401  (the tests import them from here)
+    Tree,
+    claim,
+    lake_snapshot,
+    make_tree,
+    mixed_workload,
+    new_id,
+    promoted,
+)
 
 
 class LakeView:
@@ -95,15 +69,6 @@ def dead_letters(conn) -> dict[int, tuple[str, str]]:
         for seq, op, reason in conn.execute(
             "SELECT seq, op, reason FROM oml.lake_dead_letter ORDER BY seq"
         )
-    }
-
-
-def lake_snapshot(lake, tenant_id: str) -> dict[str, list[dict]]:
-    """Every existing table of the tenant as rows in a stable order. No column depends on when
-    a drain ran (curated_at is the validation's instant), so a rebuild must equal it exactly."""
-    return {
-        name: sorted(read_rows(lake.open(uri), spec), key=repr)
-        for name, spec, uri in tenant_tables(lake, tenant_id)
     }
 
 

@@ -38,28 +38,7 @@ from oml_dagster_tests.helpers import (
     new_id,
     promoted,
 )
-
-
-def mixed_workload(conn, keys, claims: int = 12) -> Tree:
-    """A little of everything: promotions, retracts, edges, a validation, area changes."""
-    tree = make_tree(conn, keys)
-    made = [promoted(conn, keys, tree.a if i % 2 else tree.b) for i in range(claims)]
-    for i, c in enumerate(made):
-        if i % 5 == 0:
-            acts.demote(conn, keys, c)
-        elif i % 5 == 1:
-            acts.erase(conn, keys, c)
-        elif i % 5 == 2 and c.workarea_id == tree.b:
-            acts.reassign(conn, keys, c, tree.a1, held=True)
-    acts.ratify(conn, keys, acts.Edge(new_id(), made[0].artifact_id, made[1].artifact_id))
-    acts.upsert_area(conn, keys, tree.a, status="committed")
-    acts.validate_area(conn, keys, tree.a)
-    for c in made:
-        if c.workarea_id == tree.a and c is not made[3]:
-            acts.demote(conn, keys, c)
-    acts.upsert_area(conn, keys, tree.b, crew_name="crew-b")
-    acts.reparent_area(conn, keys, tree.a1, tree.b, "u.b.a1")
-    return tree
+from oml_testbed.workloads import mixed_workload  # noqa: F401  (other tests import it from here)
 
 
 def more_work(conn, keys, tree: Tree) -> str:

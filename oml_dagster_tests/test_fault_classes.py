@@ -25,7 +25,7 @@ from oml_dagster.lake.faults import (
     describe,
     retrying,
 )
-from oml_dagster_tests.s3_server import _free_loopback_port
+from oml_testbed.s3_server import _free_loopback_port
 
 
 def _raised(work) -> Exception:

@@ -22,9 +22,9 @@ from oml_dagster.lake.faults import RetryPolicy
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.simulate import producer
-from oml_dagster_tests.fault_proxy import KINDS, FaultProxy
+from oml_testbed.fault_proxy import KINDS, FaultProxy
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
-from oml_dagster_tests.s3_server import new_bucket, store_options
+from oml_testbed.s3_server import new_bucket, store_options
 from oml_dagster_tests.test_commit_fence import mixed_workload
 
 pytestmark = pytest.mark.s3

@@ -25,10 +25,10 @@ from oml_dagster.lake import db
 from oml_dagster.lake.drain import drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.simulate import producer
-from oml_dagster_tests.fault_proxy import KINDS, FaultProxy
+from oml_testbed.fault_proxy import KINDS, FaultProxy
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
-from oml_dagster_tests.pg_cluster import private_cluster
-from oml_dagster_tests.s3_server import lake_env, new_bucket, s3_client, store_options
+from oml_testbed.pg_cluster import private_cluster
+from oml_testbed.s3_server import lake_env, new_bucket, s3_client, store_options
 from oml_dagster_tests.test_commit_fence import mixed_workload
 
 DRAIN = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "10"]
@@ -121,7 +121,7 @@ def test_killed_sessions_mid_drain_are_reopened_and_the_drain_finishes(conn, lak
 def test_a_drain_stops_with_one_line_when_postgres_stays_away(lake, tmp_path):
     """Past the retry bound the drain gives up with one line naming the fault and the bound, exit
     4; a database that does not exist is permanent at once, exit 3."""
-    from oml_dagster_tests.s3_server import _free_loopback_port
+    from oml_testbed.s3_server import _free_loopback_port
 
     nowhere = f"postgresql://postgres@127.0.0.1:{_free_loopback_port()}/oml"
     started = time.monotonic()

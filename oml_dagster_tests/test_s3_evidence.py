@@ -18,7 +18,7 @@ from oml_dagster.lake.storage import Lake, conform, read_rows
 from oml_dagster.lake.tables import SILVER_CLAIMS
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree
-from oml_dagster_tests.s3_server import s3_client
+from oml_testbed.s3_server import s3_client
 
 pytestmark = pytest.mark.s3
 

@@ -22,7 +22,7 @@ from oml_dagster.lake.errors import UnsupportedObjectStore
 from oml_dagster.lake.storage import PROBE_PREFIX, Lake
 from oml_dagster.lake.tables import CORE_TABLES, SILVER_CLAIMS
 from oml_dagster_tests.helpers import LakeView, make_tree, promoted
-from oml_dagster_tests.s3_server import new_bucket, s3_client, store_options
+from oml_testbed.s3_server import new_bucket, s3_client, store_options
 
 pytestmark = pytest.mark.s3
 

@@ -26,7 +26,7 @@ from oml_dagster.lake.storage import Lake, layered
 from oml_dagster.lake.tables import BRONZE_EVENTS
 from oml_dagster.settings import TenantStorageReferences
 from oml_dagster.simulate import producer
-from oml_dagster_tests.s3_server import moto_server
+from oml_testbed.s3_server import moto_server
 from oml_dagster_tests.test_commit_fence import mixed_workload
 
 A, B = str(uuid.uuid4()), str(uuid.uuid4())

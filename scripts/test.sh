@@ -18,8 +18,8 @@ fi
 # (a new release on the index cannot change what is tested without a change here).
 "$VENV/bin/python" -m pip install -q -c deploy/docker/requirements.txt -e ".[test]"
 "$VENV/bin/python" -m pip check
-"$VENV/bin/ruff" check oml_dagster oml_dagster_tests bench deploy
-"$VENV/bin/ruff" format --check --quiet oml_dagster oml_dagster_tests bench deploy
+"$VENV/bin/ruff" check oml_dagster oml_dagster_tests oml_testbed bench deploy
+"$VENV/bin/ruff" format --check --quiet oml_dagster oml_dagster_tests oml_testbed bench deploy
 export PATH="$PWD/$VENV/bin:$PATH"
 # Two workers by default (the suite waits on subprocesses, daemons and sleeps as much as it
 # computes); OML_TEST_WORKERS=0 runs it in one process.

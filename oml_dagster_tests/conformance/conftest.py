@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from oml_dagster_tests.s3_server import new_bucket, s3_client, store_options
+from oml_testbed.s3_server import new_bucket, s3_client, store_options
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from oml_dagster_tests.s3_server import _free_loopback_port
+from oml_testbed.s3_server import _free_loopback_port
 
 TIMEOUT_S = 60
 
