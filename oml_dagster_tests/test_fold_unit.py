@@ -1,9 +1,11 @@
 """The fold without Postgres and without Delta: a `TenantState` built in memory, ops parsed,
-checked and applied by the catalog as the writer does (`writer._fold`), asserting the contract's
+checked and applied by the catalog as the writer does (`catalog.fold`), asserting the contract's
 rules (DESIGN §2 "The op catalog", spec "Retracts: MERGE semantics per table"): the claim state
 ladder, erased as terminal, freeze of validated areas, repairs and fold_seq, simulation end and
 its taint closure, edges, the area tree, journal events kept once per journal_seq, and the
-refusals with their reasons. Property tests state the rules that hold for every op sequence."""
+refusals with their reasons. Property tests state the rules that hold for every op sequence, and
+that the one fold gives the writer's batches and the reconciler's read-only pass the same rows
+(ADR 0050)."""
 
 from __future__ import annotations
 
@@ -736,10 +738,10 @@ LADDER = {
 }
 
 
-def seeded() -> Fold:
+def seeded(fold: Fold | None = None) -> Fold:
     """The tree with a clean promoted row in each committed area, so that short generated
     sequences already validate, move and retract rows that matter."""
-    fold = tree(Fold())
+    fold = tree(fold or Fold())
     for n, home in ((0, A), (1, B), (2, A)):
         fold.ok(acts.promote_act(claim(n, home)))
     return fold
@@ -815,3 +817,166 @@ def test_applying_an_op_twice_is_applying_it_once(steps):
             if fold is twice:
                 catalog.apply(op, fold.state)
         assert snapshot(twice.state) == snapshot(once.state)
+
+
+# --- one fold: the writer's batches and the reconciler's pass ----------------------------------
+# `catalog.fold` is the writer's fold (a batch at a time, its decided frontier, the refusals
+# recorded so far) and the reconciler's (the whole outbox, every op decided, read-only). These
+# tests fold the same outbox rows both ways, as `writer._drain_batch` and
+# `reconcile.fold_outbox` call it, and compare the rows.
+
+
+class Recording(Fold):
+    """A `Fold` that keeps every outbox row it was given, (seq, journal_seq, op, payload)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[tuple[int, int, str, dict]] = []
+
+    def op(self, name: str, payload: dict, journal_seq: int | None = None) -> catalog.Op:
+        try:
+            return super().op(name, payload, journal_seq)
+        finally:
+            self.rows.append((self.seq, self.journal_seq, name, payload))
+
+
+def blank() -> TenantState:
+    return Fold().state
+
+
+def tables(state: TenantState) -> dict:
+    rows = snapshot(state)
+    return {name: rows[name] for name in ("silver", "lineage", "areas", "curated")}
+
+
+def writer_folds(rows: list[tuple], cuts: list[int]) -> tuple[TenantState, dict[int, str], dict]:
+    """The writer's way: the rows in batches of the sizes `cuts` cycles through, each folded with
+    the decided frontier and the refusals recorded before it, its new refusals recorded after.
+    Each batch is also folded again from the state before it, its verdicts now decided (a run
+    that crashed before its commits), and must leave the same tables. Returns the state, the
+    refusals, and the tables after each batch by the batch's end."""
+    state, recorded, after = blank(), {}, {}
+    decided, start, n = 0, 0, 0
+    while start < len(rows):
+        batch = rows[start : start + cuts[n % len(cuts)]]
+        start, n = start + len(batch), n + 1
+        ops = [(r[0], catalog.parsed(r[0], r[1], TENANT, r[2], r[3])) for r in batch]
+        before = copy.deepcopy(state)
+        verdicts = catalog.fold(ops, state, decided=decided, recorded=recorded)
+        assert verdicts.unparsable == {}  # nothing below the frontier in a first fold
+        recorded.update(verdicts.refused)
+        decided = batch[-1][0]
+        replay = catalog.fold(ops, before, decided=decided, recorded=recorded)
+        assert replay.refused == {} and replay.unparsable == {}
+        assert tables(before) == tables(state)
+        after[decided] = tables(state)
+    return state, recorded, after
+
+
+def reconciler_fold(
+    rows: list[tuple], recorded: dict[int, str], through: list[int]
+) -> tuple[TenantState, catalog.Verdicts, dict]:
+    """The reconciler's way: every row parsed lazily from the stream, every op decided, the
+    recorded refusals skipped, the tables taken as the fold passes each txn in `through`."""
+    state, pending, taken = blank(), sorted(through), {}
+
+    def take_through(seq: int, _op: object = None) -> None:
+        while pending and pending[0] < seq:
+            taken[pending.pop(0)] = tables(state)
+
+    stream = ((r[0], catalog.parsed(r[0], r[1], TENANT, r[2], r[3])) for r in rows)
+    last = rows[-1][0] if rows else 0
+    verdicts = catalog.fold(stream, state, decided=last, recorded=recorded, on_op=take_through)
+    take_through(2**63)
+    return state, verdicts, taken
+
+
+UNPARSABLE = st.just(("unparsable",))
+
+
+def outbox(steps: list[tuple]) -> tuple[list[tuple], Recording]:
+    """The outbox rows of the seeded tree and `steps`, each folded by parse, check and apply as
+    it was written (so that a step is shaped against the tables of its time)."""
+    ref = seeded(Recording())
+    for step in steps:
+        if step[0] == "unparsable":
+            ref.run("claim.demote", {"artifact_id": "not-a-uuid", "version": 1, "at": instant(T0)})
+        else:
+            ref.act(step_act(ref, step))
+    return ref.rows, ref
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.one_of(STEP, UNPARSABLE), min_size=1, max_size=40),
+    st.lists(st.integers(1, 9), min_size=1, max_size=4),
+)
+def test_the_writer_and_the_reconciler_fold_the_same_rows(steps, cuts):
+    """Whatever the op sequence and however it is cut into batches, the reconciler's fold of the
+    outbox gives the tables the writer's batches committed, at every batch's end and at the
+    last; it finds no op the writer applied that does not parse; and both equal parse, check and
+    apply op by op."""
+    rows, ref = outbox(steps)
+    written, recorded, after = writer_folds(rows, cuts)
+    assert tables(written) == tables(ref.state)
+    read, verdicts, taken = reconciler_fold(rows, recorded, list(after))
+    assert verdicts == catalog.Verdicts()
+    assert tables(read) == tables(written)
+    assert taken == after
+
+
+def test_an_op_refused_by_parse_is_refused_once_then_skipped(fold):
+    c = claim(1)
+    fold.ok(acts.promote_act(c))
+    start = copy.deepcopy(fold.state)
+    bad = (7, catalog.parsed(7, 7, TENANT, "claim.demote", {"artifact_id": c.artifact_id}))
+    good = (8, catalog.parsed(8, 8, TENANT, "claim.demote", acts.demote_act(c, at(1)).ops[0][1]))
+    assert isinstance(bad[1], RefusedOp) and isinstance(good[1], catalog.Op)
+    verdicts = catalog.fold([bad, good], fold.state, decided=6, recorded={})
+    assert verdicts.refused == {7: "claim.demote: field 'version' is missing"}
+    assert fold.row(c)["state"] == "demoted"
+    # Decided and recorded: skipped, and not reported.
+    replay = copy.deepcopy(start)
+    verdicts = catalog.fold([bad, good], replay, decided=8, recorded={7})
+    assert verdicts == catalog.Verdicts()
+    assert tables(replay) == tables(fold.state)
+
+
+def test_an_applied_op_that_no_longer_parses_is_reported_and_skipped(fold):
+    """An op at or below the frontier with no recorded refusal was applied when it was decided;
+    if today's catalog refuses to parse it, the fold says so (the reconciler's finding) and
+    applies nothing for it."""
+    c = claim(1)
+    fold.ok(acts.promote_act(c))
+    before = tables(fold.state)
+    bad = (9, catalog.parsed(9, 9, TENANT, "claim.demote", {"artifact_id": c.artifact_id}))
+    verdicts = catalog.fold([bad], fold.state, decided=9, recorded=set())
+    assert verdicts == catalog.Verdicts(unparsable={9: "claim.demote: field 'version' is missing"})
+    assert tables(fold.state) == before
+
+
+def test_a_decided_op_is_applied_unchecked(fold, monkeypatch):
+    """Only an op past the frontier is checked: at or below it the verdict is the recorded one
+    (the reconciler checks nothing, the writer's replay of a decided batch neither)."""
+    c = claim(1)
+    fold.ok(acts.promote_act(c))
+    op = fold.op("claim.demote", acts.demote_act(c, at(1)).ops[0][1])
+    start = copy.deepcopy(fold.state)
+
+    def refuse(op, state):
+        raise RefusedOp("checked")
+
+    monkeypatch.setattr(catalog, "check", refuse)
+    seen = []
+    verdicts = catalog.fold(
+        [(op.seq, op)],
+        fold.state,
+        decided=op.seq,
+        recorded=set(),
+        on_op=lambda seq, o: seen.append((seq, o.name)),
+    )
+    assert verdicts == catalog.Verdicts() and seen == [(op.seq, "claim.demote")]
+    assert fold.row(c)["state"] == "demoted"
+    verdicts = catalog.fold([(op.seq, op)], start, decided=op.seq - 1, recorded=set())
+    assert verdicts.refused == {op.seq: "checked"}
+    assert start.silver.get((c.artifact_id, 1))["state"] == "promoted"

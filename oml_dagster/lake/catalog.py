@@ -6,16 +6,20 @@ Every op is handled in two steps. `parse` is stateless and runs for every op. `c
 tables as of the op and raises `RefusedOp`; it runs only while an op's verdict is still open
 (a verdict once recorded is reused, see `writer`). `apply` changes the working tables; it is
 written to be harmless on a table that already holds the op's effect.
+
+`fold` runs the three over a sequence of ops: the one fold the writer commits and the
+reconciler compares (ADR 0050).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -982,6 +986,24 @@ def parse(
     return Op(seq, journal_seq, tenant_id, name, payload, args, unknown, origin_journal_seq)
 
 
+def parsed(
+    seq: int,
+    journal_seq: int,
+    tenant_id: str,
+    name: str,
+    payload: Any,
+    origin_journal_seq: int | None = None,
+) -> Op | RefusedOp:
+    """`parse`, with a refusal returned as a value for `fold` to decide on."""
+    try:
+        return parse(seq, journal_seq, tenant_id, name, payload, origin_journal_seq)
+    except RefusedOp as refused:
+        # A fresh exception, never raised: the caught one carries a traceback, and a caller that
+        # keeps its ops (the writer's batch) once kept every op alive through such a traceback
+        # until the cyclic collector ran.
+        return RefusedOp(refused.reason)
+
+
 def check(op: Op, state: TenantState) -> None:
     try:
         CATALOG[op.name].check(op, state)
@@ -997,3 +1019,56 @@ def check(op: Op, state: TenantState) -> None:
 
 def apply(op: Op, state: TenantState) -> None:
     CATALOG[op.name].apply(op, state)
+
+
+# --- the fold ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdicts:
+    """What `fold` decided beyond the recorded verdicts, seq -> reason. `refused`: the ops after
+    `decided` it refused. `unparsable`: ops at or below `decided` not recorded as refused (so
+    applied when they were decided) that `parse` refuses now, the rules having tightened since;
+    the fold skips them."""
+
+    refused: dict[int, str] = dataclasses.field(default_factory=dict)
+    unparsable: dict[int, str] = dataclasses.field(default_factory=dict)
+
+
+def fold(
+    ops: Iterable[tuple[int, Op | RefusedOp]],
+    state: TenantState,
+    *,
+    decided: int,
+    recorded: Container[int],
+    on_op: Callable[[int, Op | RefusedOp], None] | None = None,
+) -> Verdicts:
+    """Apply `ops` (seq, parsed op or its parse refusal), in seq order, to `state`. An op at or
+    below `decided` keeps its verdict: skipped when its seq is in `recorded` (the refusals) or it
+    no longer parses, applied unchecked otherwise. A later op is checked against the tables as of
+    the op, then applied or refused. `on_op(seq, op)` is called before each op.
+
+    The writer folds a batch with its decided frontier and commits the tables; the reconciler
+    folds the tenant's whole outbox, every op of it decided, and compares."""
+    verdicts = Verdicts()
+    for seq, op in ops:
+        if on_op is not None:
+            on_op(seq, op)
+        if seq <= decided:
+            if seq in recorded:
+                continue
+            if isinstance(op, RefusedOp):
+                verdicts.unparsable[seq] = op.reason
+                continue
+            apply(op, state)
+            continue
+        if isinstance(op, RefusedOp):
+            verdicts.refused[seq] = op.reason
+            continue
+        try:
+            check(op, state)
+        except RefusedOp as refusal:
+            verdicts.refused[seq] = refusal.reason
+            continue
+        apply(op, state)
+    return verdicts

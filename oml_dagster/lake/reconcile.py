@@ -22,13 +22,13 @@ tenant, table, row key and version). The checks, by the table they are about:
   its silver row (state, body and every other column but applied_seq and curated_at) and every
   promoted silver row of a validated area is curated; `no_simulation_tainted_rows`.
 
-`agrees_with_outbox` runs the writer's own fold read-only: the tenant's outbox ops in seq order
-through `catalog.parse`/`catalog.apply` over fresh working tables (`state.TenantState`), skipping
-the ops the writer refused (`oml.lake_dead_letter`), with each table's rows taken as they stand
-when the fold passes that table's txn version. The rows must equal the table's, column for
-column. Bodies are compared by presence (the ciphertext is checked against its digest by
-`bodies_match_digests`): the fold knows a body is there when `oml.claim_bodies` still holds it,
-and cannot know when it was shredded since the drain.
+`agrees_with_outbox` runs the writer's own fold (`catalog.fold`) read-only: the tenant's outbox
+ops in seq order, parsed, over fresh working tables (`state.TenantState`), every op decided: the
+ops the writer refused (`oml.lake_dead_letter`) skipped, the rest applied, with each table's rows
+taken as they stand when the fold passes that table's txn version. The rows must equal the
+table's, column for column. Bodies are compared by presence (the ciphertext is checked against
+its digest by `bodies_match_digests`): the fold knows a body is there when `oml.claim_bodies`
+still holds it, and cannot know when it was shredded since the drain.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -560,27 +560,30 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
     with tenant_scope(conn, tenant_id):
         refused = {seq for (seq,) in conn.execute(queries.REFUSED_THROUGH, (tenant_id, last))}
     folded: dict[str, dict[tuple, dict]] = {}
-    unparsable: list[tuple[int, str, str]] = []
+    unparsed: dict[int, str] = {}  # seq -> op name, of the applied rows that do not parse now
 
-    def take_through(seq: int) -> None:
+    def take_through(seq: int, _op: object = None) -> None:
         while pending and pending[0][0] < seq:
             _, name = pending.pop(0)
             folded[name] = dict(works[name].rows)
 
+    def parsed(stream: Iterable[tuple]) -> Iterator[tuple[int, catalog.Op | RefusedOp]]:
+        for seq, journal_seq, name, payload in stream:
+            op = catalog.parsed(seq, journal_seq, tenant_id, name, payload)
+            if isinstance(op, RefusedOp) and seq not in refused:
+                unparsed[seq] = name
+            yield seq, op
+
     with tenant_scope(conn, tenant_id):
         stream = conn.cursor().stream(queries.OUTBOX_THROUGH, (tenant_id, last))
-        for seq, journal_seq, name, payload in stream:
-            take_through(seq)
-            if seq in refused:
-                continue
-            try:
-                op = catalog.parse(seq, journal_seq, tenant_id, name, payload)
-            except RefusedOp as refusal:
-                # The writer records every refusal before it commits: this one it applied.
-                unparsable.append((seq, name, refusal.reason))
-                continue
-            catalog.apply(op, state)
+        # Every op through `last` is decided (no table records a txn past the decided
+        # frontier): the fold skips the recorded refusals and applies the rest unchecked.
+        verdicts = catalog.fold(
+            parsed(stream), state, decided=last, recorded=refused, on_op=take_through
+        )
     take_through(2**63)
+    # The writer records every refusal before it commits: these it applied.
+    unparsable = [(seq, unparsed[seq], reason) for seq, reason in verdicts.unparsable.items()]
     return Fold(folded, unparsable)
 
 

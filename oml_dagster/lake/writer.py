@@ -770,16 +770,10 @@ def _catalog_ops(
 
 
 def _parse(tenant_id: str, rows: list[tuple]) -> list[tuple[int, Op | RefusedOp]]:
-    parsed: list[tuple[int, Op | RefusedOp]] = []
-    for seq, journal_seq, name, payload, origin in rows:
-        try:
-            parsed.append((seq, catalog.parse(seq, journal_seq, tenant_id, name, payload, origin)))
-        except RefusedOp as refused:
-            # A fresh exception, never raised: the caught one's traceback holds this frame,
-            # whose `parsed` holds it back, a cycle that kept every op of the batch alive
-            # until the cyclic collector ran.
-            parsed.append((seq, RefusedOp(refused.reason)))
-    return parsed
+    return [
+        (seq, catalog.parsed(seq, journal_seq, tenant_id, name, payload, origin))
+        for seq, journal_seq, name, payload, origin in rows
+    ]
 
 
 def _held_events(bronze: DeltaTable | None, journal_seqs: list[int]) -> dict[int, tuple]:
@@ -858,26 +852,13 @@ def _fold(
     state: TenantState,
     watchdog: Watchdog,
 ) -> dict[int, str]:
-    """Apply the batch's ops in seq order. Ops at or below `decided` keep their recorded
-    verdict; later ones are checked against the tables as of the op. Returns new refusals."""
-    refused: dict[int, str] = {}
-    for seq, op in ops:
+    """The batch through the one fold the reconciler also runs (`catalog.fold`), the watchdog
+    told which op it is on. Returns the new refusals."""
+
+    def on_op(seq: int, op: Op | RefusedOp) -> None:
         watchdog.on = f"op seq {seq} ({op.name if isinstance(op, Op) else 'unparsed'})"
-        if seq <= decided:
-            if seq in recorded or isinstance(op, RefusedOp):
-                continue
-            catalog.apply(op, state)
-            continue
-        if isinstance(op, RefusedOp):
-            refused[seq] = op.reason
-            continue
-        try:
-            catalog.check(op, state)
-        except RefusedOp as refusal:
-            refused[seq] = refusal.reason
-            continue
-        catalog.apply(op, state)
-    return refused
+
+    return catalog.fold(ops, state, decided=decided, recorded=recorded, on_op=on_op).refused
 
 
 def _keyed(handle: _Handle) -> KeyedWork:
