@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "oml_dagster"
+PACKAGE = Path(__file__).resolve().parents[2] / "oml_dagster"
 STATEMENT = re.compile(
     r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|WITH|SET)\b[\s\S]*\boml\.[a-z_]+|\bSCHEMA\b[\s\S]*\boml\b"
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-DECISIONS = Path(__file__).resolve().parent.parent / "docs" / "decisions"
+DECISIONS = Path(__file__).resolve().parents[2] / "docs" / "decisions"
 ROW = re.compile(r"^\|\s*(\d{4})\s*\|.*\]\(([^)]+)\)")
 
 
