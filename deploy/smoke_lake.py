@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import botocore.session
 
-from oml_dagster.lake import db
+from oml_dagster import from_settings
 from oml_dagster.lake.doctor import drained_through
 from oml_dagster.lake.policy import known_tenants
 from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
@@ -28,7 +28,7 @@ def status(lake: Lake) -> list[dict]:
     """Per tenant: what the outbox holds, what is sequenced, what the lake drained through, and
     whether bronze holds each journal event exactly once."""
     found = []
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         for tenant_id in known_tenants(conn):
             ops, unsequenced, events, last_seq = conn.execute(
                 "SELECT count(*), count(*) FILTER (WHERE seq IS NULL),"
@@ -85,7 +85,7 @@ def delete_prefix(lake: Lake, tenant_id: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    lake = Lake.from_env()
+    lake = from_settings.lake()
     match argv:
         case ["status"]:
             result = status(lake)

@@ -29,9 +29,9 @@ import psycopg
 
 from oml_dagster.settings import PG_DSN
 
-from .lake import analytics, db
+from . import from_settings
+from .lake import analytics
 from .lake.policy import resolve_tenants
-from .lake.storage import Lake
 from .output import out as _print
 
 
@@ -126,12 +126,12 @@ def _interactive(tc: analytics.TenantConnection, as_json: bool) -> int:
 def _known(tenant_id: str) -> None:
     """With PostgreSQL configured, refuse a tenant it does not know (exit 2) before reading."""
     if PG_DSN.is_set():
-        with db.connect(autocommit=True) as conn:
+        with from_settings.connect() as conn:
             resolve_tenants(conn, [tenant_id])
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    lake = Lake.from_env()
+    lake = from_settings.lake()
     _known(args.tenant)
     with analytics.tenant_connection(lake, args.tenant, lockdown=True) as tc:
         if not any(v.uri for v in tc.views.values()):
@@ -152,11 +152,11 @@ def _tree_rows(areas: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def cmd_areas_at(args: argparse.Namespace) -> int:
-    lake = Lake.from_env()
+    lake = from_settings.lake()
     refused: frozenset[int] = frozenset()
     if PG_DSN.is_set():
         try:
-            with db.connect(autocommit=True) as conn:
+            with from_settings.connect() as conn:
                 resolve_tenants(conn, [args.tenant])
                 refused = analytics.refused_area_acts(conn, args.tenant)
         except psycopg.Error as error:

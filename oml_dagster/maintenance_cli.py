@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import argparse
 
-from .lake import db, maintenance
+from . import from_settings
+from .lake import maintenance
 from .lake.doctor import lost_tables
 from .lake.policy import resolve_tenants
-from .lake.storage import Lake
 from .output import out as _print
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     """Exit 1 when a tenant's lake (or a table of it) that the frontier says exists is missing:
     nothing to maintain there is a finding, not a success."""
-    lake = Lake.from_env()
+    lake = from_settings.lake()
     found = False
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         tenants = resolve_tenants(conn, args.tenant)
         if not tenants:
             _print("no tenants")

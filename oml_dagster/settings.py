@@ -1,9 +1,12 @@
 """Every `OML_*` environment variable the lake-writer reads, declared once: its name, default,
 type, the check a value must pass and what it sets.
 
-The core (`oml_dagster.lake`), the Dagster layer and the command line read their settings here and
-nowhere else, each when it needs it (a bad cron does not stop `oml-lake db upgrade`). Unset and
-empty are the same: the default. A value that fails its check is refused with `InvalidSetting`,
+The edges (the command line, the Dagster resources, a benchmark's main) read their settings here
+and nowhere else, each when it needs it (a bad cron does not stop `oml-lake db upgrade`), and pass
+the values down: the core (`oml_dagster.lake`) neither imports this module nor reads the
+environment (ADR 0052; `oml_dagster.from_settings` builds the core's config objects). Unset and
+empty are the same: the default. A value that fails its check is refused with `InvalidSetting`
+(declared in `oml_dagster.setting_errors`, which imports nothing, so the core can classify it),
 naming the variable, the value and what was expected; nothing falls back silently.
 
 The `AWS_*` variables the lake's storage options take (`AWS_PASSTHROUGH`) follow delta-rs's and
@@ -26,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from oml_dagster.lake.errors import InvalidSetting
+from oml_dagster.setting_errors import InvalidSetting
 
 T = TypeVar("T")
 Env = Mapping[str, str]

@@ -167,7 +167,7 @@ def instance():
 @pytest.fixture
 def s3_env_lake(s3_lake, monkeypatch) -> Lake:
     """`s3_lake`, also configured through the environment (OML_LAKE_URI and the AWS_* variables)
-    the way a deployment configures it: `Lake.from_env()`, the Dagster resources, `oml-lake`
+    the way a deployment configures it: `from_settings.lake()`, the Dagster resources, `oml-lake`
     subprocesses and a bare `Lake(uri)` (delta-rs reads the AWS_* variables) all reach it."""
     for key, value in s3_lake.storage_options.items():
         monkeypatch.setenv(key, value)

@@ -72,3 +72,84 @@ def test_maintenance_and_erasure_sit_on_the_log_and_policy_modules_only():
 
 def test_the_statements_module_imports_nothing_of_the_core():
     assert len(longest_chains(import_graph())["queries"]) == 1
+
+
+# --- settings at the edge (ADR 0052) --------------------------------------------------------------
+
+SETTINGS = LAKE.parent / "settings.py"
+SETTING_ERRORS = LAKE.parent / "setting_errors.py"
+# The functions of the core that may read the environment, and why: object_store reads
+# AWS_CONDITIONAL_PUT / AWS_S3_ALLOW_UNSAFE_RENAME from it whatever the options say, and delta-rs
+# falls back to the AWS_* variables; both check what the library will see (comments there).
+ENVIRONMENT_READERS = {("storage", "_unsafe_candidates"), ("storage", "_option")}
+
+
+def _imported(tree: ast.AST, package: str = "") -> set[str]:
+    """Every module name `tree` (a module of `package`) imports, relative imports resolved
+    (`from x import y` gives x and x.y)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                module = ".".join([*parts[: len(parts) - node.level + 1], *filter(None, [module])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _environment_reads(tree: ast.AST) -> list[tuple[str, int]]:
+    """(enclosing function, line) of each `os.environ` / `os.getenv` / `environ` / `getenv`."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function = node.name
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb")) or (
+            isinstance(node, ast.Name) and node.id in ("environ", "getenv", "environb")
+        ):
+            found.append((function, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_the_core_reads_no_settings_and_no_environment():
+    imports, reads = {}, {}
+    for path in sorted(LAKE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        name = path.relative_to(LAKE).with_suffix("").as_posix()
+        package = ".".join(["oml_dagster", "lake", *path.relative_to(LAKE).parts[:-1]])
+        settings = {
+            m for m in _imported(tree, package) if m.split(".")[:2] == ["oml_dagster", "settings"]
+        }
+        if settings:
+            imports[name] = settings
+        for function, line in _environment_reads(tree):
+            if (name, function) not in ENVIRONMENT_READERS:
+                reads.setdefault(name, []).append(f"{function} (line {line})")
+    assert imports == {}, "the core takes its settings passed down (oml_dagster.from_settings)"
+    assert reads == {}, "the core reads no environment; read it at the edge and pass it down"
+    # The exceptions are still where they are said to be (a rename must update the list).
+    storage = {f for f, _ in _environment_reads(ast.parse((LAKE / "storage.py").read_text()))}
+    assert {f for _, f in ENVIRONMENT_READERS} <= storage
+
+
+def test_the_settings_import_nothing_of_the_core():
+    for path in (SETTINGS, SETTING_ERRORS):
+        found = {
+            m
+            for m in _imported(ast.parse(path.read_text()), "oml_dagster")
+            if m.startswith("oml_dagster.lake")
+        }
+        assert found == set(), path.name
+    # The refusal of a value imports nothing at all: the core names it without the settings.
+    assert _imported(ast.parse(SETTING_ERRORS.read_text())) <= {
+        "__future__",
+        "__future__.annotations",
+    }

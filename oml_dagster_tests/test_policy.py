@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from oml_dagster import cli
+from oml_dagster import cli, from_settings, settings
 from oml_dagster.lake import policy
 from oml_dagster.simulate import producer
 
@@ -54,6 +54,7 @@ def test_lag_counts_the_ops_past_the_drained_seq(conn):
 
 def test_the_cadence_comes_from_its_setting(monkeypatch):
     monkeypatch.delenv("OML_ERASURE_CADENCE_SECONDS", raising=False)
-    assert policy.erasure_cadence() == policy.DEFAULT_CADENCE == dt.timedelta(days=1)
+    assert from_settings.erasure_cadence() == policy.DEFAULT_CADENCE == dt.timedelta(days=1)
+    assert policy.DEFAULT_CADENCE.total_seconds() == settings.ERASURE_CADENCE_SECONDS.default
     monkeypatch.setenv("OML_ERASURE_CADENCE_SECONDS", "3600")
-    assert policy.erasure_cadence() == dt.timedelta(hours=1)
+    assert from_settings.erasure_cadence() == dt.timedelta(hours=1)

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from oml_dagster import cli, settings
+from oml_dagster import cli, from_settings, settings
 from oml_dagster.defs.resources import DeploymentSettings, WriterResource
-from oml_dagster.lake.errors import InvalidSetting, LakeError
-from oml_dagster.lake.storage import Lake
+from oml_dagster.lake import errors
+from oml_dagster.lake.faults import EXIT_PERMANENT, classify
 from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.settings import InvalidSetting
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,8 +64,10 @@ def test_a_bad_value_is_refused_naming_the_variable_and_the_value(name):
     with pytest.raises(InvalidSetting) as refused:
         setting.read({name: BAD[name]})
     assert f"{name}={BAD[name]!r}: expected {setting.expected}" in str(refused.value)
-    # Callers that catch ValueError or the lake's errors both see it.
-    assert isinstance(refused.value, ValueError) and isinstance(refused.value, LakeError)
+    # Callers that catch ValueError see it; the core names the same class and classifies it as
+    # a person's to fix.
+    assert isinstance(refused.value, ValueError) and errors.InvalidSetting is InvalidSetting
+    assert classify(refused.value).exit_code == EXIT_PERMANENT
 
 
 @pytest.mark.parametrize(
@@ -134,14 +137,23 @@ def test_a_lag_limit_not_below_the_batch_is_refused_naming_both():
         settings.writer_batch({"OML_MAX_BATCH": "100", "OML_TXN_LAG_LIMIT": "100"})
 
 
-def test_the_fold_timeout_comes_from_its_setting(monkeypatch):
+def test_the_fold_timeout_and_memory_budget_come_from_their_settings_at_the_edge(monkeypatch):
     monkeypatch.setenv("OML_FOLD_TIMEOUT_SECONDS", "12.5")
-    assert WriterConfig().fold_timeout_seconds == 12.5
-    monkeypatch.delenv("OML_FOLD_TIMEOUT_SECONDS")
+    monkeypatch.setenv("OML_MEMORY_BUDGET_MIB", "500")
+    for config in (
+        from_settings.writer_config(),
+        cli._writer_config(None),
+        WriterResource().config(),
+    ):
+        assert (config.fold_timeout_seconds, config.memory_budget_mib) == (12.5, 500)
+    # The core's own config reads no environment: its defaults are the settings' defaults.
+    assert WriterConfig() == from_settings.writer_config(env={})
     assert WriterConfig().fold_timeout_seconds == settings.FOLD_TIMEOUT_SECONDS.default
+    assert WriterConfig().memory_budget_mib == settings.MEMORY_BUDGET_MIB.default
+    assert WriterConfig().max_batch == settings.MAX_BATCH.default
     monkeypatch.setenv("OML_FOLD_TIMEOUT_SECONDS", "soon")
     with pytest.raises(InvalidSetting, match="OML_FOLD_TIMEOUT_SECONDS='soon'"):
-        WriterConfig()
+        from_settings.writer_config()
 
 
 def test_storage_options_take_the_aws_variables_then_the_json_over_them(monkeypatch, tmp_path):
@@ -157,7 +169,7 @@ def test_storage_options_take_the_aws_variables_then_the_json_over_them(monkeypa
     monkeypatch.setenv("OML_LAKE_URI", str(tmp_path / "lake"))
     monkeypatch.setenv("OML_LAKE_STORAGE_OPTIONS", "{not json")
     with pytest.raises(InvalidSetting, match="OML_LAKE_STORAGE_OPTIONS='{not json': expected"):
-        Lake.from_env()
+        from_settings.lake()
 
 
 def test_the_command_line_names_a_bad_setting_and_exits_3(monkeypatch, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Resources for Postgres, the lake and the writer's batch settings, and the automation settings
 of the code location. Every value comes from `oml_dagster.settings` (the environment, read
-there), unless a resource field is set in the run's config."""
+there; `oml_dagster.from_settings` builds the core's config objects from it), unless a resource
+field is set in the run's config: the code location's edge, passing values down to the core."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, replace
 import psycopg
 from dagster import ConfigurableResource
 
+from oml_dagster import from_settings
 from oml_dagster.lake import db
 from oml_dagster.lake.faults import RetryPolicy
 from oml_dagster.lake.storage import Lake
@@ -29,7 +31,6 @@ from oml_dagster.settings import (
     ZORDER_CRON,
     Env,
     retry_bounds,
-    writer_batch,
 )
 
 
@@ -39,7 +40,7 @@ class PostgresResource(ConfigurableResource):
     dsn: str | None = None
 
     def connect(self) -> psycopg.Connection:
-        return db.connect(self.dsn or db.dsn_from_env(), autocommit=True)
+        return db.connect(self.dsn or from_settings.dsn(), autocommit=True)
 
 
 class LakeResource(ConfigurableResource):
@@ -49,7 +50,7 @@ class LakeResource(ConfigurableResource):
     uri: str | None = None
 
     def get_lake(self) -> Lake:
-        lake = Lake.from_env()
+        lake = from_settings.lake()
         if not self.uri:
             return lake
         return replace(lake, root=self.uri).with_store_defaults().checked()
@@ -104,8 +105,7 @@ class WriterResource(ConfigurableResource):
         return RetryPolicy(attempts=attempts if seconds > 0 else 1, seconds=seconds)
 
     def config(self) -> WriterConfig:
-        max_batch, lag_limit = writer_batch()
-        return WriterConfig.for_batch(self.max_batch or max_batch, self.txn_lag_limit or lag_limit)
+        return from_settings.writer_config(self.max_batch, self.txn_lag_limit)
 
 
 def build_resources() -> dict:

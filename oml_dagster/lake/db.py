@@ -1,4 +1,5 @@
-"""Postgres access: connections from `OML_PG_DSN` and the versioned migrations of schema `oml`."""
+"""Postgres access: connections to a DSN the caller passes (the edge reads `OML_PG_DSN`) and the
+versioned migrations of schema `oml`."""
 
 from __future__ import annotations
 
@@ -9,19 +10,13 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from oml_dagster.settings import PG_DSN
-
 from . import queries
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
-def dsn_from_env() -> str:
-    return PG_DSN.read()
-
-
-def connect(dsn: str | None = None, *, autocommit: bool = False) -> psycopg.Connection:
-    return psycopg.connect(dsn or dsn_from_env(), autocommit=autocommit)
+def connect(dsn: str, *, autocommit: bool = False) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=autocommit)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# Declared beside the settings (ADR 0052); the core raises it (a tenant's own storage options
+# without credentials) and classifies it (faults), so it is named here too.
+from oml_dagster.setting_errors import InvalidSetting as InvalidSetting
+
 
 class LakeError(Exception):
     """Base of every error the lake-writer raises on purpose."""
@@ -52,11 +56,6 @@ class UnknownTenant(LakeError):
 class RequeueError(LakeError):
     """A dead letter cannot be re-enqueued or resolved: there is none with that seq, it was
     already, or the resolution lacks its reason or name."""
-
-
-class InvalidSetting(LakeError, ValueError):
-    """An environment variable holds a value its setting refuses (`oml_dagster.settings`); the
-    message names the variable, the value and what was expected."""
 
 
 class MaintenanceDamage(LakeError):

@@ -11,16 +11,16 @@ from collections.abc import Sequence
 
 import psycopg
 
-from oml_dagster.settings import ERASURE_CADENCE_SECONDS
-
 from . import queries
 from .errors import UnknownTenant
 from .queries import cross_scope, tenant_scope
 
 # A tenant without a policy row gets this bound (oml.tenant_policy's own default).
 DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
-# The maintenance cadence the erasure SLO allows on top of the bound: a daily VACUUM.
-DEFAULT_CADENCE = dt.timedelta(seconds=ERASURE_CADENCE_SECONDS.default)
+# The maintenance cadence the erasure SLO allows on top of the bound: a daily VACUUM (the
+# default of OML_ERASURE_CADENCE_SECONDS, which the edge reads and passes down; a test pins the
+# two the same).
+DEFAULT_CADENCE = dt.timedelta(days=1)
 
 
 def known_tenants(conn: psycopg.Connection) -> list[str]:
@@ -64,11 +64,6 @@ def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:
     with tenant_scope(conn, tenant_id):
         row = conn.execute(queries.ERASURE_BOUND, (tenant_id,)).fetchone()
     return row[0] if row else DEFAULT_ERASURE_BOUND
-
-
-def erasure_cadence() -> dt.timedelta:
-    """The maintenance cadence from OML_ERASURE_CADENCE_SECONDS (default: a day)."""
-    return dt.timedelta(seconds=ERASURE_CADENCE_SECONDS.read())
 
 
 def lag(conn: psycopg.Connection, tenant_id: str, drained_through: int) -> tuple[int, float]:

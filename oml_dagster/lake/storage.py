@@ -15,6 +15,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import urlparse
 
 import botocore.session
@@ -27,12 +28,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
-
-from oml_dagster.settings import (
-    LAKE_URI,
-    TenantStorageReferences,
-    lake_storage_options,
-)
 
 from . import deltalog
 from .errors import (
@@ -90,28 +85,41 @@ CREDENTIAL_OPTIONS = frozenset(
 )
 
 
+class OwnOptions(Protocol):
+    """A tenant's own storage options and where they were read (`source`, named in errors)."""
+
+    @property
+    def options(self) -> Mapping[str, str]: ...
+
+    @property
+    def source(self) -> str: ...
+
+
+class TenantStorage(Protocol):
+    """Where tenants' own storage options are found (ADR 0048). The edge builds it from the
+    settings (`oml_dagster.settings.TenantStorageReferences`); false when it names none."""
+
+    def __bool__(self) -> bool: ...
+
+    def resolve(self, tenant_id: str) -> OwnOptions | None:
+        """The tenant's own storage options, or None: it uses the shared set."""
+        ...
+
+
 @dataclass(frozen=True)
 class Lake:
-    """The lake root (the spec's `oml-lake/` prefix included) and how to reach it."""
+    """The lake root (the spec's `oml-lake/` prefix included) and how to reach it. Built at the
+    edge from the settings (`oml_dagster.from_settings.lake`); the core takes it as given."""
 
     root: str
     storage_options: dict[str, str] = field(default_factory=dict)
     # Where tenants' own storage options are found (None: every tenant uses these options).
-    tenant_storage: TenantStorageReferences | None = field(default=None, repr=False, compare=False)
+    tenant_storage: TenantStorage | None = field(default=None, repr=False, compare=False)
     # Set on the lake `for_tenant` returns: the one tenant it opens, and where that tenant's own
     # credentials were read (None: the shared set).
     tenant_id: str | None = None
     own_source: str | None = None
     _bound: dict[str, Lake] = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    @classmethod
-    def from_env(cls) -> Lake:
-        """The lake OML_LAKE_URI names, with OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables
-        (and, on S3, object_store's retry and timeouts: STORE_RETRY_DEFAULTS under them), and
-        the tenants' own storage options where OML_TENANT_STORAGE_OPTIONS_DIR and the
-        `OML_LAKE_STORAGE_OPTIONS__<tenant>` variables say."""
-        lake = cls(LAKE_URI.read(), lake_storage_options(), TenantStorageReferences.from_env())
-        return lake.with_store_defaults().checked()
 
     def for_tenant(self, tenant_id: str) -> Lake:
         """This lake as tenant `tenant_id`'s tables are opened: with the tenant's own storage
@@ -225,7 +233,11 @@ class Lake:
     def _unsafe_candidates(self) -> list[tuple[str, str, str]]:
         """Each setting that can turn put-if-absent off, as object_store sees it: a storage option,
         else (on an object-store lake) the `AWS_*` environment variable object_store reads
-        itself when the options leave it unset."""
+        itself when the options leave it unset.
+
+        One of the two places the core reads the environment (ADR 0052), and not to take a
+        setting: object_store reads these variables from the process environment whatever the
+        options say, so the check must look where the library will."""
         found = [
             ("storage option", key, value)
             for key, value in self.storage_options.items()
@@ -394,7 +406,11 @@ def layered(shared: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]
 
 def _option(lake: Lake, names: tuple[str, ...], env: str | None) -> str | None:
     """A storage option by any of its names (case-insensitive), else the environment variable
-    delta-rs itself would fall back to."""
+    delta-rs itself would fall back to.
+
+    The other place the core reads the environment (ADR 0052), and not to take a setting: it
+    mirrors delta-rs's (and botocore's) own fallback to the `AWS_*` variables, so the probe and
+    the errors name the store and signer the library will use."""
     for key, value in lake.storage_options.items():
         if key.lower() in names:
             return str(value)
@@ -495,7 +511,7 @@ def _s3_client(lake: Lake):
     # A tenant's own credentials are the whole set: no shared key or token from the environment.
     own = lake.own_source is not None
     config = Config(
-        region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        region_name=region or _option(lake, (), "AWS_DEFAULT_REGION") or "us-east-1",
         s3={"addressing_style": "path"} if endpoint else {},
         retries={"max_attempts": 3, "mode": "standard"},
         connect_timeout=10,

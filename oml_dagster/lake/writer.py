@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 import psycopg
@@ -39,8 +39,6 @@ from deltalake import (
     write_deltalake,
 )
 from deltalake.exceptions import CommitFailedError, DeltaError
-
-from oml_dagster.settings import FOLD_TIMEOUT_SECONDS, MAX_BATCH, MEMORY_BUDGET_MIB
 
 from . import catalog, deadletter, queries
 from .bronze import checked_events, cleared_events
@@ -77,10 +75,14 @@ from .watchdog import Watchdog
 
 @dataclass(frozen=True)
 class WriterConfig:
+    """How the writer batches, commits and bounds a fold. The defaults are the settings'
+    defaults (a test pins them the same); the edge builds it from the settings
+    (`oml_dagster.from_settings.writer_config`) and passes it down."""
+
     # A batch is what is pending, up to `max_batch` ops and about `max_batch_bytes` of payload
     # (PostgreSQL's stored size): a quiet outbox gives small batches (latency), a backlog large
     # ones up to the memory cap (throughput).
-    max_batch: int = MAX_BATCH.default
+    max_batch: int = 50_000
     max_batch_bytes: int = 64 * 2**20
     # A table with nothing to change gets a txn-only commit once this many of the tenant's ops
     # lie between its txn version and the batch end. Must stay below max_batch. Every batch is
@@ -90,10 +92,10 @@ class WriterConfig:
     txn_lag_limit: int = 200
     max_commit_attempts: int = 8
     # A fold running longer than this fails with BatchTimeout naming its op (None: no bound).
-    fold_timeout_seconds: float | None = field(default_factory=FOLD_TIMEOUT_SECONDS.read)
+    fold_timeout_seconds: float | None = 300.0
     # A drain lowers its batches' cap to keep its process's resident memory under this (MiB;
     # 0: no budget, the cap alone). See lake/memory.py.
-    memory_budget_mib: int = field(default_factory=MEMORY_BUDGET_MIB.read)
+    memory_budget_mib: int = 960
 
     def __post_init__(self):
         if self.max_batch < 2 or not 0 < self.txn_lag_limit < self.max_batch:
@@ -107,13 +109,15 @@ class WriterConfig:
         )
 
     @classmethod
-    def for_batch(cls, max_batch: int, txn_lag_limit: int | None = None) -> WriterConfig:
+    def for_batch(
+        cls, max_batch: int, txn_lag_limit: int | None = None, **options: Any
+    ) -> WriterConfig:
         """A config for batches of `max_batch` ops; the txn lag limit, unless given, is the
         default one, lowered to half a batch for small batches (one rule for the CLI and the
-        Dagster resources)."""
+        Dagster resources); `options` set the other fields."""
         if txn_lag_limit is None:
             txn_lag_limit = min(cls.txn_lag_limit, max_batch // 2) or 1
-        return cls(max_batch=max_batch, txn_lag_limit=txn_lag_limit)
+        return cls(max_batch=max_batch, txn_lag_limit=txn_lag_limit, **options)
 
 
 # What a batch did to one table: committed rows, a txn-only commit (no rows, the txn version

@@ -8,7 +8,7 @@ import sys
 
 from oml_dagster.output import out as _print
 
-from ..lake import db
+from .. import from_settings
 from . import verify
 from .runner import RunConfig, RunReport, SimulationError, run
 from .workload import WorkloadConfig
@@ -109,14 +109,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"oml-lake simulate: {error}", file=sys.stderr)
         return 2
     try:
-        report = run(db.dsn_from_env(), workload, config)
+        report = run(from_settings.dsn(), workload, config)
     except SimulationError as error:
         print(f"oml-lake simulate: {error}", file=sys.stderr)
         return 1
     _report(report, workload, config)
     if not args.verify:
         return 0
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         results = verify.verify(conn, report.tenants)
     for result in results:
         _print("  verify " + result.summary())

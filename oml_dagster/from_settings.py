@@ -1,0 +1,77 @@
+"""The core's config objects built from the settings: the one place the edges (the command line,
+the Dagster resources, a benchmark's main) turn `oml_dagster.settings` into the values they pass
+down, as kafka-delta-ingest reads its options once in `main` (ADR 0052). The core
+(`oml_dagster.lake`) imports neither this module nor the settings. Each function reads the
+process environment unless given `env`; none caches (a command reads what it needs when it
+needs it). This module does not import Dagster."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import psycopg
+
+from oml_dagster.lake import db
+from oml_dagster.lake.faults import RetryPolicy
+from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.settings import (
+    ERASURE_CADENCE_SECONDS,
+    FOLD_TIMEOUT_SECONDS,
+    LAKE_URI,
+    MEMORY_BUDGET_MIB,
+    PG_DSN,
+    Env,
+    TenantStorageReferences,
+    lake_storage_options,
+    retry_bounds,
+    writer_batch,
+)
+
+
+def dsn(env: Env | None = None) -> str:
+    """The lake's Postgres: OML_PG_DSN."""
+    return PG_DSN.read(env)
+
+
+def connect(*, autocommit: bool = True, env: Env | None = None) -> psycopg.Connection:
+    """A connection to OML_PG_DSN (autocommit unless told otherwise, as every command takes it)."""
+    return db.connect(dsn(env), autocommit=autocommit)
+
+
+def lake(env: Env | None = None) -> Lake:
+    """The lake OML_LAKE_URI names, with OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables
+    (and, on S3, object_store's retry and timeouts: STORE_RETRY_DEFAULTS under them), and the
+    tenants' own storage options where OML_TENANT_STORAGE_OPTIONS_DIR and the
+    `OML_LAKE_STORAGE_OPTIONS__<tenant>` variables say; checked for conditional put."""
+    found = Lake(
+        LAKE_URI.read(env), lake_storage_options(env), TenantStorageReferences.from_env(env)
+    )
+    return found.with_store_defaults().checked()
+
+
+def writer_config(
+    max_batch: int | None = None, txn_lag_limit: int | None = None, env: Env | None = None
+) -> WriterConfig:
+    """The writer's config: batches of OML_MAX_BATCH ops with OML_TXN_LAG_LIMIT (`max_batch`
+    and `txn_lag_limit` over them: `--max-batch`, a run's config), OML_FOLD_TIMEOUT_SECONDS
+    and OML_MEMORY_BUDGET_MIB. One rule for the command line and the Dagster resources."""
+    default_batch, lag_limit = writer_batch(env)
+    return WriterConfig.for_batch(
+        max_batch or default_batch,
+        txn_lag_limit or lag_limit,
+        fold_timeout_seconds=FOLD_TIMEOUT_SECONDS.read(env),
+        memory_budget_mib=MEMORY_BUDGET_MIB.read(env),
+    )
+
+
+def retry_policy(env: Env | None = None) -> RetryPolicy:
+    """The bound of a streak of transient faults: OML_RETRY_ATTEMPTS / OML_RETRY_SECONDS."""
+    attempts, seconds = retry_bounds(env)
+    return RetryPolicy(attempts=attempts, seconds=seconds)
+
+
+def erasure_cadence(env: Env | None = None) -> dt.timedelta:
+    """The maintenance cadence the erasure evidence allows past the bound:
+    OML_ERASURE_CADENCE_SECONDS (default: a day)."""
+    return dt.timedelta(seconds=ERASURE_CADENCE_SECONDS.read(env))
