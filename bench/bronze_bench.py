@@ -2,7 +2,7 @@
 hash-chained, as the producer writes them) are sequenced, then
 
 - baseline: `write_deltalake` of the very same bronze rows, already in memory as Arrow;
-- drain: `drain(until_idle=True)` of the sequenced backlog into a fresh lake (fetch, checks,
+- drain: `drain` until idle of the sequenced backlog into a fresh lake (fetch, checks,
   dedup, commit), the product's end-to-end path;
 
 both into fresh local directories, in the same run. Prints the rates and their ratio.
@@ -28,12 +28,12 @@ import psycopg
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from oml_dagster import from_settings
 from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.memory import release_memory, resident_mib
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import BRONZE_EVENTS, writer_properties
+from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.simulate import producer
 
 try:
@@ -128,15 +128,16 @@ def main() -> None:
         import adbc_driver_postgresql.dbapi  # noqa: F401
 
         with tempfile.TemporaryDirectory() as tmp:
-            # The writer's settings read as the product reads them (ADR 0052), the cap over them.
             config = (
-                from_settings.writer_config()
+                WriterConfig()
                 if args.max_batch is None
-                else from_settings.writer_config(args.max_batch, args.max_batch // 2)
+                else WriterConfig(max_batch=args.max_batch, txn_lag_limit=args.max_batch // 2)
             )
             lake = Lake(os.path.join(tmp, "oml-lake"))
             started = time.perf_counter()
-            passes = drain(conn, lake, [keys.tenant_id], until_idle=True, config=config)
+            passes = drain(
+                conn, lake, [keys.tenant_id], policy=DrainPolicy(until_idle=True, config=config)
+            )
             drained = time.perf_counter() - started
             sizes = [b.ops for p in passes for b in p.batches if b.ops]
             table = lake.open(lake.table_uri(keys.tenant_id, BRONZE_EVENTS))

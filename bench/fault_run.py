@@ -31,7 +31,7 @@ import psycopg
 
 import oml_dagster  # noqa: F401  (delta-rs's allocator set up as in the product)
 from oml_dagster.lake import db
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.simulate import producer
 
@@ -60,7 +60,7 @@ def _database(cluster, tag: str) -> tuple[str, list]:
 def _exact(dsn: str, lake: Lake, tenants) -> bool:
     reference = Lake(lake.root.rstrip("/") + "-reference", lake.storage_options)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        drain(conn, reference, [t.tenant_id for t in tenants], until_idle=True)
+        drain(conn, reference, [t.tenant_id for t in tenants], policy=DrainPolicy(until_idle=True))
     return all(
         lake_snapshot(lake, t.tenant_id) == lake_snapshot(reference, t.tenant_id) for t in tenants
     )

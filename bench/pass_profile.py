@@ -25,7 +25,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _support import fresh_database, machine  # noqa: E402
 
-from oml_dagster.lake.drain import drain  # noqa: E402
+from oml_dagster.lake.drain import DrainPolicy, drain  # noqa: E402
 from oml_dagster.lake.storage import Lake  # noqa: E402
 from oml_dagster.lake.writer import WriterConfig  # noqa: E402
 from oml_dagster.simulate.runner import RunConfig, run  # noqa: E402
@@ -51,13 +51,14 @@ def main() -> None:
         config = WriterConfig(max_batch=args.batch, txn_lag_limit=args.batch - 1)
         with psycopg.connect(dsn, autocommit=True) as conn:
             for _ in range(args.warm):
-                drain(conn, lake, config=config)
+                drain(conn, lake, policy=DrainPolicy(config=config))
             profiler = cProfile.Profile()
             batches, started = 0, time.perf_counter()
             profiler.enable()
             # One drain of several passes, as a shard run drains (tables kept open, the next
             # batch fetched while one commits).
-            for one in drain(conn, lake, config=config, until_idle=True, max_passes=args.passes):
+            policy = DrainPolicy(until_idle=True, config=config, max_passes=args.passes)
+            for one in drain(conn, lake, policy=policy):
                 batches += len(one.batches)
             profiler.disable()
             if args.dump:

@@ -24,7 +24,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._support import fresh_database, machine  # noqa: E402
 from oml_dagster.lake import rewrites  # noqa: E402
-from oml_dagster.lake.drain import DrainPass, drain  # noqa: E402
+from oml_dagster.lake.drain import DrainObserver, DrainPass, DrainPolicy, drain  # noqa: E402
 from oml_dagster.lake.policy import known_tenants  # noqa: E402
 from oml_dagster.lake.storage import Lake, tenant_tables  # noqa: E402
 from oml_dagster.lake.writer import WriterConfig  # noqa: E402
@@ -43,16 +43,19 @@ def one(args, compaction: bool) -> dict:
             per_pass: list[tuple[int, float]] = []  # (tenant batches, seconds)
             last = time.perf_counter()
 
-            def timed(p: DrainPass) -> None:
-                nonlocal last
-                now = time.perf_counter()
-                if p.batches:
-                    per_pass.append((len(p.batches), now - last))
-                last = now
+            class Timed(DrainObserver):
+                def pass_ended(self, p: DrainPass) -> None:
+                    nonlocal last
+                    now = time.perf_counter()
+                    if p.batches:
+                        per_pass.append((len(p.batches), now - last))
+                    last = now
 
             with psycopg.connect(dsn, autocommit=True) as conn:
                 started = time.perf_counter()
-                drain(conn, lake, config=config, until_idle=True, on_pass=timed)
+                drain(
+                    conn, lake, policy=DrainPolicy(until_idle=True, config=config), observer=Timed()
+                )
                 total = time.perf_counter() - started
                 tenants = known_tenants(conn)
             files = {}

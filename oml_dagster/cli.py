@@ -18,7 +18,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from . import analytics_cli, from_settings, maintenance_cli
+from . import analytics_cli, maintenance_cli
 from .lake import db, deadletter, sequencer
 from .lake.doctor import (
     DEFAULT_LAG_LIMIT,
@@ -28,21 +28,22 @@ from .lake.doctor import (
     examine,
     lost_tables,
 )
-from .lake.drain import DrainPass, drain_riding_through
+from .lake.drain import DrainObserver, DrainPass, DrainPolicy, drain_riding_through
 from .lake.erasure import APPLIED
 from .lake.faults import Fault, RetryPolicy, describe, retrying
-from .lake.policy import lag, resolve_tenants
+from .lake.policy import erasure_cadence, lag, resolve_tenants
 from .lake.reconcile import reconcile
+from .lake.storage import Lake
 from .lake.writer import COMMITS, BatchResult, WriterConfig
 from .output import OutputClosed
 from .output import out as _print
 from .panics import native_panics_filtered, terminal_stderr
-from .settings import DEBUG, WRITER_PASSWORD
+from .settings import DEBUG, WRITER_PASSWORD, retry_bounds, writer_batch
 from .simulate.cli import register as register_simulate
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    with from_settings.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         applied = db.upgrade(conn)
         for role in args.writer_role or []:
             db.create_writer_role(conn, role, WRITER_PASSWORD.read())
@@ -71,7 +72,7 @@ def _report_cut(report: sequencer.SequencerReport) -> None:
 
 
 def cmd_sequence(args: argparse.Namespace) -> int:
-    with from_settings.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         report = sequencer.sequence(conn)
     _report_cut(report)
     if not report.tenants:
@@ -82,16 +83,18 @@ def cmd_sequence(args: argparse.Namespace) -> int:
 def _writer_config(max_batch: int | None) -> WriterConfig:
     """The batch settings of OML_MAX_BATCH and OML_TXN_LAG_LIMIT (as the Dagster resource takes
     them), `--max-batch` over the first."""
-    return from_settings.writer_config(max_batch)
+    default_batch, lag_limit = writer_batch()
+    return WriterConfig.for_batch(max_batch or default_batch, lag_limit)
 
 
 def _cadence(hours: float | None) -> dt.timedelta:
-    return dt.timedelta(hours=hours) if hours is not None else from_settings.erasure_cadence()
+    return dt.timedelta(hours=hours) if hours is not None else erasure_cadence()
 
 
 def retry_policy() -> RetryPolicy:
     """The bound of a streak of transient faults, from OML_RETRY_ATTEMPTS / OML_RETRY_SECONDS."""
-    return from_settings.retry_policy()
+    attempts, seconds = retry_bounds()
+    return RetryPolicy(attempts=attempts, seconds=seconds)
 
 
 def _retrying(fault: Fault, failures: int, wait: float) -> None:
@@ -122,69 +125,76 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def cmd_drain(args: argparse.Namespace) -> int:
-    lake = from_settings.lake()
-    config = _writer_config(args.max_batch)
-    policy = retry_policy()
-    drained: set[str] = set()
-    tenants = None
-    if args.tenant:  # an unknown tenant is refused before anything is sequenced or written
-        with from_settings.connect() as conn:
-            tenants = resolve_tenants(conn, args.tenant)
+class _DrainPrinted(DrainObserver):
+    """What `oml-lake drain` prints as it goes: each batch as it lands, flushed (a drain stopped
+    part way has said what it did), each sequencing cut and each retry; with the batch lines
+    going to a file or pipe and a terminal on stderr, a progress bar of the ops drained shows a
+    long drain moving (on a terminal the batch lines themselves do)."""
 
-    committed = {"batches": 0, "ops": 0, "refused": 0}
-    reached: dict[str, int] = {}  # each tenant's last batch end this drain committed or refused
+    def __init__(self) -> None:
+        self.drained: set[str] = set()
+        self.committed = {"batches": 0, "ops": 0, "refused": 0}
+        self.reached: dict[str, int] = {}  # each tenant's last batch end committed or refused
+        self.bar = None
+        terminal = terminal_stderr() if not sys.stdout.isatty() else None
+        if terminal is not None:
+            from tqdm import tqdm
 
-    def on_batch(batch: BatchResult) -> None:
-        # Each batch as it lands, flushed: a drain stopped part way has said what it did.
-        drained.add(batch.tenant_id)
-        head = f"tenant {batch.tenant_id} batch ({batch.batch_start}, {batch.batch_end}]"
-        _print(f"{head}: {batch.ops} ops, {len(batch.refused)} refused")
-        for t in batch.tables:
+            self.bar = tqdm(unit=" ops", file=terminal, desc="drained")
+
+    def batch_ended(self, result: BatchResult) -> None:
+        self.drained.add(result.tenant_id)
+        head = f"tenant {result.tenant_id} batch ({result.batch_start}, {result.batch_end}]"
+        _print(f"{head}: {result.ops} ops, {len(result.refused)} refused")
+        for t in result.tables:
             if t.action in COMMITS:
                 _print(
                     f"  {t.table}: {t.action} {t.rows} rows, txn {t.txn_after}, version {t.version}"
                 )
-        for seq, reason in sorted(batch.refused.items()):
+        for seq, reason in sorted(result.refused.items()):
             _print(f"  dead-lettered seq {seq}: {reason}")
-        if batch.committed or batch.refused:
-            committed["batches"] += 1
-            committed["ops"] += batch.ops
-            committed["refused"] += len(batch.refused)
-            reached[batch.tenant_id] = batch.batch_end
+        if result.committed or result.refused:
+            self.committed["batches"] += 1
+            self.committed["ops"] += result.ops
+            self.committed["refused"] += len(result.refused)
+            self.reached[result.tenant_id] = result.batch_end
+        if self.bar is not None:
+            self.bar.update(result.ops)
 
-    def on_pass(current: DrainPass) -> None:
-        _report_cut(current.sequenced)
+    def pass_ended(self, drained: DrainPass) -> None:
+        _report_cut(drained.sequenced)
 
-    # With the batch lines going to a file or pipe and a terminal on stderr, a progress bar of
-    # the ops drained shows a long drain moving (on a terminal the batch lines themselves do).
-    bar = None
-    terminal = terminal_stderr() if not sys.stdout.isatty() else None
-    if terminal is not None:
-        from tqdm import tqdm
+    def retrying(self, fault: Fault, failures: int, wait: float) -> None:
+        _retrying(fault, failures, wait)
 
-        bar = tqdm(unit=" ops", file=terminal, desc="drained")
-        shown = on_batch
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
-        def on_batch(batch: BatchResult) -> None:  # noqa: F811
-            shown(batch)
-            bar.update(batch.ops)
 
+def cmd_drain(args: argparse.Namespace) -> int:
+    lake = Lake.from_env()
+    config = _writer_config(args.max_batch)
+    retry = retry_policy()
+    tenants = None
+    if args.tenant:  # an unknown tenant is refused before anything is sequenced or written
+        with db.connect(autocommit=True) as conn:
+            tenants = resolve_tenants(conn, args.tenant)
+
+    printed = _DrainPrinted()
     try:
         with _terminate_as_interrupt():
             passes = drain_riding_through(
-                lambda: from_settings.connect(),
+                lambda: db.connect(autocommit=True),
                 lake,
                 tenants,
-                retry=policy,
-                on_retry=_retrying,
-                until_idle=args.until_idle,
-                config=config,
-                on_pass=on_pass,
-                on_batch=on_batch,
+                retry=retry,
+                policy=DrainPolicy(until_idle=args.until_idle, config=config),
+                observer=printed,
             )
     except KeyboardInterrupt:
-        where = "; ".join(f"tenant {t} through seq {s}" for t, s in sorted(reached.items()))
+        committed = printed.committed
+        where = "; ".join(f"tenant {t} through seq {s}" for t, s in sorted(printed.reached.items()))
         print(
             f"oml-lake drain: interrupted after {committed['batches']} committed batches "
             f"({committed['ops']} ops, {committed['refused']} dead-lettered)"
@@ -195,20 +205,19 @@ def cmd_drain(args: argparse.Namespace) -> int:
         )
         return 130
     finally:
-        if bar is not None:
-            bar.close()
+        printed.close()
 
     # The closing lag is what the lake and PostgreSQL say now, not what this process drained:
     # another writer may have drained on meanwhile. It rides through faults as the drain does.
     def closing_lags() -> list[tuple[str, int, float, int]]:
-        with from_settings.connect() as conn:
+        with db.connect(autocommit=True) as conn:
             return [
                 (tenant_id, *lag(conn, tenant_id, through), through)
-                for tenant_id in sorted(drained)
+                for tenant_id in sorted(printed.drained)
                 for through in [drained_through(lake, tenant_id)]
             ]
 
-    for tenant_id, pending, seconds, through in retrying(closing_lags, policy, on_retry=_retrying):
+    for tenant_id, pending, seconds, through in retrying(closing_lags, retry, on_retry=_retrying):
         _print(
             f"lag tenant {tenant_id}: {pending} ops, {seconds:.1f}s (drained through seq {through})"
         )
@@ -228,10 +237,10 @@ def _tenants(conn, named: list[str] | None) -> list[str]:
 def cmd_erasure_evidence(args: argparse.Namespace) -> int:
     """Exit 1 unless the SLO holds for every tenant: a breach, or an erasure at risk (which waits
     on an operator), is what `doctor` reports too, from the same verdict."""
-    lake = from_settings.lake()
+    lake = Lake.from_env()
     cadence = _cadence(args.cadence_hours)
     unwell = False
-    with from_settings.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         for tenant_id in _tenants(conn, args.tenant):
             verdict = erasure_verdict(conn, lake, tenant_id, cadence=cadence)
             evidence, per_artifact = verdict.evidence, verdict.artifacts
@@ -287,9 +296,9 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    lake = from_settings.lake()
+    lake = Lake.from_env()
     found = False
-    with from_settings.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         for tenant_id in _tenants(conn, args.tenant):
             result = reconcile(conn, lake, tenant_id)
             found |= not result.ok
@@ -310,11 +319,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    lake = from_settings.lake()
+    lake = Lake.from_env()
     cadence = _cadence(args.cadence_hours)
     lag_limit = dt.timedelta(seconds=args.lag_seconds)
     unwell = False
-    with from_settings.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         for tenant_id in _tenants(conn, args.tenant):
             health = examine(conn, lake, tenant_id, cadence=cadence, lag_limit=lag_limit)
             unwell |= not health.healthy
@@ -334,7 +343,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_deadletter_list(args: argparse.Namespace) -> int:
-    with from_settings.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         (tenant_id,) = resolve_tenants(conn, [args.tenant]) if args.tenant else (None,)
         letters = deadletter.list_dead_letters(conn, tenant_id, include_requeued=args.all)
     for d in letters:
@@ -357,7 +366,7 @@ def _refusal(op: str, reason: str) -> str:
 
 
 def cmd_deadletter_resolve(args: argparse.Namespace) -> int:
-    with from_settings.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         when = deadletter.resolve(conn, args.seq, args.by, args.reason)
     _print(f"resolved dead letter {args.seq} at {when:%Y-%m-%dT%H:%M:%SZ} by {args.by.strip()}")
     return 0
@@ -365,7 +374,7 @@ def cmd_deadletter_resolve(args: argparse.Namespace) -> int:
 
 def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
     payload = json.loads(args.payload) if args.payload else None
-    with from_settings.connect() as conn:
+    with db.connect(autocommit=True) as conn:
         try:
             new_id = deadletter.requeue(conn, args.seq, args.by, payload)
         except deadletter.RequeueError as error:

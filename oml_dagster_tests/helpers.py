@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPass, DrainPolicy, drain
 from oml_dagster.lake.fetch import Fetcher
 from oml_dagster.lake.tables import (
     BRONZE_EVENTS,
@@ -59,8 +59,9 @@ class LakeView:
         return table_rows(self.lake, self.tenant_id, BRONZE_EVENTS)
 
 
-def drain_all(conn, lake, **kw):
-    return drain(conn, lake, until_idle=True, **kw)
+def drain_all(conn, lake) -> list[DrainPass]:
+    """Every pending tenant drained until idle (`oml-lake drain --until-idle`)."""
+    return drain(conn, lake, policy=DrainPolicy(until_idle=True))
 
 
 def dead_letters(conn) -> dict[int, tuple[str, str]]:

@@ -18,6 +18,7 @@ from dagster import AssetKey
 from oml_dagster import cli
 from oml_dagster.defs.analytics import ANALYTICS_KEYS
 from oml_dagster.lake import analytics
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import Lake, tenant_tables
 from oml_dagster.lake.tables import GOLD_AREAS, SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig
@@ -234,7 +235,8 @@ def _log_commits(uri: str) -> list[tuple[int, int, int, int]]:
 
 def test_lake_lag_is_commit_time_minus_the_oldest_op_of_each_batch(conn, lake, tenant):
     tree = make_tree(conn, tenant)
-    drain_all(conn, lake, config=WriterConfig(max_batch=3, txn_lag_limit=1))  # many commits
+    many_commits = DrainPolicy(until_idle=True, config=WriterConfig(max_batch=3, txn_lag_limit=1))
+    drain(conn, lake, policy=many_commits)
     acts.upsert_area(conn, tenant, tree.b, crew_name="crew")
     drain_all(conn, lake)
     tables = [(name, uri) for name, _, uri in tenant_tables(lake, tenant.tenant_id)]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from oml_dagster import cli
 from oml_dagster.lake import analytics
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.tables import GOLD_AREAS
 from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.runner import run
@@ -249,7 +249,7 @@ def test_any_sequence_of_area_acts_replays_to_what_the_writer_made(conn, lake, s
         else:
             batch.append(acts.validate_area_act(ids[act[1]]))
     producer.commit_acts(conn, keys, batch)
-    drain(conn, lake, [keys.tenant_id], until_idle=True)
+    drain(conn, lake, [keys.tenant_id], policy=DrainPolicy(until_idle=True))
 
     gold = gold_now(lake, keys.tenant_id)
     by_rules = replay(lake, keys.tenant_id)

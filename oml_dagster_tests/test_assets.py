@@ -13,7 +13,7 @@ from oml_dagster.defs.checks import LAKE_CHECK_KEYS
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import WriterResource
 from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.simulate import acts
@@ -56,7 +56,7 @@ def test_a_run_lands_the_same_tables_as_the_core_drain(conn, lake, tmp_path, def
     work = seed_tenant(conn)
     sequencer.sequence(conn)
     reference = Lake(str(tmp_path / "reference"))
-    drain(conn, reference, [work.tenant_id], until_idle=True)
+    drain(conn, reference, [work.tenant_id], policy=DrainPolicy(until_idle=True))
 
     meta = materialize(defs, instance, work.tenant_id)
 

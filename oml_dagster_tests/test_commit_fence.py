@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from oml_dagster.lake import sequencer, writer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.errors import InconsistentFrontier
 from oml_dagster.lake.storage import Lake, OpenTables, app_txn
 from oml_dagster.lake.tables import (
@@ -183,7 +183,7 @@ def test_replaying_a_committed_batch_changes_nothing(conn, lake, tenant):
     # before any table committed, so the fault came after them. The reference drain rewrites
     # the tenant's frontier cache rows, so it runs after every check on `lake`.
     reference = Lake(lake.root + "-reference")
-    drain(conn, reference, [tenant_id], until_idle=True)
+    drain(conn, reference, [tenant_id], policy=DrainPolicy(until_idle=True))
     expected = lake_snapshot(reference, tenant_id)
     assert set(after) == set(uris) and after == expected
     # Neither lake is empty or short of the outbox: every journal event in bronze once, and the
@@ -201,7 +201,11 @@ def test_replaying_a_committed_batch_changes_nothing(conn, lake, tenant):
 
 def test_every_commit_records_the_txn_and_the_batch_bounds(conn, lake, tenant):
     mixed_workload(conn, tenant, claims=4)
-    passes = drain(conn, lake, until_idle=True, config=WriterConfig(max_batch=10, txn_lag_limit=5))
+    passes = drain(
+        conn,
+        lake,
+        policy=DrainPolicy(until_idle=True, config=WriterConfig(max_batch=10, txn_lag_limit=5)),
+    )
     batches = [b for p in passes for b in p.batches if b.committed]
     assert len(batches) > 3
     silver = lake.open(lake.table_uri(tenant.tenant_id, SILVER_CLAIMS))
@@ -249,7 +253,7 @@ def test_a_writer_that_loses_the_race_reloads_and_skips(conn, lake, tenant, dsn)
     assert len(bronze) == len({r["journal_seq"] for r in bronze})
 
     reference = Lake(lake.root + "-reference")
-    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    drain(conn, reference, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
 
 
@@ -262,7 +266,12 @@ def test_two_writers_racing_on_one_tenant_never_duplicate_or_lose(conn, lake, te
         try:
             with psycopg.connect(dsn, autocommit=True) as own:
                 config = WriterConfig(max_batch=max_batch, txn_lag_limit=max(1, max_batch // 2))
-                drain(own, lake, [tenant.tenant_id], until_idle=True, config=config)
+                drain(
+                    own,
+                    lake,
+                    [tenant.tenant_id],
+                    policy=DrainPolicy(until_idle=True, config=config),
+                )
         except Exception as error:  # surfaced below
             errors.append(error)
 
@@ -273,7 +282,7 @@ def test_two_writers_racing_on_one_tenant_never_duplicate_or_lose(conn, lake, te
     for t in threads:
         t.join(120)
     assert not errors, errors
-    drain(conn, lake, [tenant.tenant_id], until_idle=True)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
 
     bronze = LakeView(lake, tenant.tenant_id).bronze
     journal = conn.execute("SELECT count(*) FROM oml.outbox WHERE op = 'journal.event'").fetchone()[
@@ -281,7 +290,7 @@ def test_two_writers_racing_on_one_tenant_never_duplicate_or_lose(conn, lake, te
     ]
     assert sorted(r["journal_seq"] for r in bronze) == list(range(1, journal + 1))
     reference = Lake(lake.root + "-reference")
-    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    drain(conn, reference, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
 
 
@@ -292,7 +301,7 @@ def test_a_table_with_nothing_to_change_gets_a_txn_only_commit_when_it_lags(conn
             conn, tenant, new_id(), path=f"u.x{i}", status="development", parent_id=tree.root
         )
     config = WriterConfig(max_batch=8, txn_lag_limit=4)
-    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=config)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=config))
     silver = lake.open(lake.table_uri(tenant.tenant_id, SILVER_CLAIMS))
     assert silver is not None, "silver lagged more than the limit: a txn-only commit creates it"
     assert silver.to_pyarrow_table().num_rows == 0
@@ -333,8 +342,7 @@ def test_checkpoint_every_100_versions(conn, lake, tenant):
         conn,
         lake,
         [tenant.tenant_id],
-        until_idle=True,
-        config=WriterConfig(max_batch=2, txn_lag_limit=1),
+        policy=DrainPolicy(until_idle=True, config=WriterConfig(max_batch=2, txn_lag_limit=1)),
     )
     uri = lake.table_uri(tenant.tenant_id, GOLD_AREAS)
     table = lake.open(uri)

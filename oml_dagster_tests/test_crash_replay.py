@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.simulate import producer
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
@@ -47,9 +47,9 @@ def _env(dsn: str, lake: Lake) -> dict:
 
 
 def _assert_exactly_once(conn, lake: Lake, tenants) -> None:
-    drain(conn, lake, [t.tenant_id for t in tenants], until_idle=True)
+    drain(conn, lake, [t.tenant_id for t in tenants], policy=DrainPolicy(until_idle=True))
     reference = Lake(lake.root + "-reference")
-    drain(conn, reference, [t.tenant_id for t in tenants], until_idle=True)
+    drain(conn, reference, [t.tenant_id for t in tenants], policy=DrainPolicy(until_idle=True))
     for keys in tenants:
         bronze = LakeView(lake, keys.tenant_id).bronze
         events = conn.execute(

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from oml_dagster.lake import deadletter
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.producer import Act, Event, commit_acts
 from oml_dagster_tests.helpers import LakeView, dead_letters, drain_all, make_tree, new_id, promoted
@@ -170,7 +170,7 @@ def test_refusals_are_recorded_once_across_replays_and_overlapping_writers(conn,
     # A second writer re-drains the tenant from scratch (the lake lost): same verdicts, once.
     shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
     with psycopg.connect(dsn, autocommit=True) as second:
-        drain(second, lake, [tenant.tenant_id], until_idle=True)
+        drain(second, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert len(dead_letters(conn)) == 1
     assert len(LakeView(lake, tenant.tenant_id).areas) == 4
 

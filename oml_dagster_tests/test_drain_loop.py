@@ -3,6 +3,7 @@ its own tenants are idle, whatever other tenants do, and at its time cap."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import time
 import weakref
@@ -10,9 +11,10 @@ import weakref
 import pyarrow as pa
 import pytest
 
+from oml_dagster.lake import drain as drain_loop
 from oml_dagster.lake import sequencer
 from oml_dagster.lake.catalog import Op
-from oml_dagster.lake.drain import DrainPass, drain
+from oml_dagster.lake.drain import DrainObserver, DrainPass, DrainPolicy, drain
 from oml_dagster.lake.errors import RefusedOp
 from oml_dagster.lake.fetch import Fetcher
 from oml_dagster.lake.memory import release_memory
@@ -28,11 +30,16 @@ SMALL = WriterConfig(max_batch=8, txn_lag_limit=4)
 def test_a_named_tenant_drain_ends_when_it_is_idle_while_others_flow(conn, lake):
     mine, busy = seed_tenant(conn, bad=False), seed_tenant(conn, bad=False)
 
-    def flow(_: DrainPass) -> None:
-        more_acts(conn, busy, 1)  # every pass, the other tenant has new rows to sequence
+    class Flow(DrainObserver):
+        def pass_ended(self, _: DrainPass) -> None:
+            more_acts(conn, busy, 1)  # every pass, the other tenant has new rows to sequence
 
     passes = drain(
-        conn, lake, [mine.tenant_id], until_idle=True, config=SMALL, on_pass=flow, max_passes=50
+        conn,
+        lake,
+        [mine.tenant_id],
+        policy=DrainPolicy(until_idle=True, config=SMALL, max_passes=50),
+        observer=Flow(),
     )
 
     assert len(passes) < 50  # without the scope, the other tenant's rows would be progress
@@ -46,16 +53,26 @@ def test_the_time_cap_ends_the_loop_after_the_pass_under_way(conn, lake):
     work = seed_tenant(conn, bad=False)
     more_acts(conn, work, 20)
 
-    capped = drain(conn, lake, [work.tenant_id], until_idle=True, config=SMALL, max_seconds=0)
+    capped = drain(
+        conn,
+        lake,
+        [work.tenant_id],
+        policy=DrainPolicy(until_idle=True, config=SMALL, max_seconds=0),
+    )
     assert len(capped) == 1 and capped[0].progressed
     assert sequencer.pending_tenants(conn, [work.tenant_id]) != []
 
-    rest = drain(conn, lake, [work.tenant_id], until_idle=True, config=SMALL, max_seconds=600)
+    rest = drain(
+        conn,
+        lake,
+        [work.tenant_id],
+        policy=DrainPolicy(until_idle=True, config=SMALL, max_seconds=600),
+    )
     assert len(rest) > 2
     assert sequencer.pending_tenants(conn, [work.tenant_id]) == []
 
     with pytest.raises(ValueError, match="max_seconds"):
-        drain(conn, lake, [work.tenant_id], max_seconds=-1)
+        drain(conn, lake, [work.tenant_id], policy=DrainPolicy(max_seconds=-1))
 
 
 def test_a_polling_drain_waits_for_work_until_its_cap(conn, lake):
@@ -65,22 +82,25 @@ def test_a_polling_drain_waits_for_work_until_its_cap(conn, lake):
     work = seed_tenant(conn, bad=False)
     idle: list[float] = []
 
-    def arrive(p: DrainPass) -> None:
-        if not p.progressed:
-            idle.append(time.monotonic())
-            if len(idle) == 2:
-                more_acts(conn, work, 3)
+    class Arrive(DrainObserver):
+        def pass_ended(self, p: DrainPass) -> None:
+            if not p.progressed:
+                idle.append(time.monotonic())
+                if len(idle) == 2:
+                    more_acts(conn, work, 3)
 
     started = time.monotonic()
     passes = drain(
         conn,
         lake,
-        until_idle=True,
-        config=SMALL,
-        owns=lambda t: t == work.tenant_id,
-        on_pass=arrive,
-        max_seconds=3.0,
-        poll_seconds=0.2,
+        policy=DrainPolicy(
+            until_idle=True,
+            config=SMALL,
+            owns=lambda t: t == work.tenant_id,
+            max_seconds=3.0,
+            poll_seconds=0.2,
+        ),
+        observer=Arrive(),
     )
     took = time.monotonic() - started
 
@@ -93,9 +113,104 @@ def test_a_polling_drain_waits_for_work_until_its_cap(conn, lake):
     assert sequencer.pending_tenants(conn, [work.tenant_id]) == []
 
     with pytest.raises(ValueError, match="poll_seconds"):
-        drain(conn, lake, until_idle=True, poll_seconds=0.5)  # unbounded: refused
+        drain(
+            conn, lake, policy=DrainPolicy(until_idle=True, poll_seconds=0.5)
+        )  # unbounded: refused
     with pytest.raises(ValueError, match="poll_seconds"):
-        drain(conn, lake, until_idle=True, max_seconds=1, poll_seconds=0)
+        drain(conn, lake, policy=DrainPolicy(until_idle=True, max_seconds=1, poll_seconds=0))
+
+
+class _Watching(DrainObserver):
+    """Records what the drain tells it; names `busy` as busy and lets a failed tenant go when
+    `tolerant`."""
+
+    def __init__(self, busy: frozenset[str] = frozenset(), tolerant: bool = False):
+        self.busy, self.tolerant = busy, tolerant
+        self.heard: list[tuple] = []
+
+    def busy_tenants(self) -> frozenset[str]:
+        self.heard.append(("busy?",))
+        return self.busy
+
+    def batch_ended(self, result) -> None:
+        self.heard.append(("batch", result.tenant_id))
+
+    def pass_ended(self, drained: DrainPass) -> None:
+        self.heard.append(("pass", len(drained.batches)))
+
+    def tenant_failed(self, tenant_id: str, error: Exception) -> bool:
+        self.heard.append(("failed", tenant_id, str(error)))
+        return self.tolerant
+
+
+def _failing_for(monkeypatch, tenant_id: str, error: Exception) -> list[str]:
+    """Every tenant batch the drain starts, in order; `tenant_id`'s raise `error`."""
+    started: list[str] = []
+    real = drain_loop.drain_tenant
+
+    def drain_tenant(conn, lake, tenant, *args, **kwargs):
+        started.append(tenant)
+        if tenant == tenant_id:
+            raise error
+        return real(conn, lake, tenant, *args, **kwargs)
+
+    monkeypatch.setattr(drain_loop, "drain_tenant", drain_tenant)
+    return started
+
+
+def test_the_observer_hears_each_batch_before_its_pass_and_names_the_busy_tenants(conn, lake):
+    """`busy_tenants` is asked once per pass and the tenants it names are left alone; each
+    batch is told as it ends, before its pass."""
+    mine, held = sorted((seed_tenant(conn, bad=False) for _ in range(2)), key=lambda w: w.tenant_id)
+    more_acts(conn, mine, 10)
+    watching = _Watching(busy=frozenset({held.tenant_id}))
+
+    passes = drain(conn, lake, policy=DrainPolicy(until_idle=True, config=SMALL), observer=watching)
+
+    expected: list[tuple] = []
+    for p in passes:
+        expected += [("busy?",), *(("batch", b.tenant_id) for b in p.batches)]
+        expected.append(("pass", len(p.batches)))
+    assert watching.heard == expected and len(passes) > 2
+    assert {b.tenant_id for p in passes for b in p.batches} == {mine.tenant_id}
+    assert [t for t, _, _ in sequencer.pending_tenants(conn)] == [held.tenant_id]
+
+
+def test_a_failed_tenant_stops_the_drain_unless_the_observer_lets_it_go_on(conn, lake, monkeypatch):
+    """`tenant_failed` decides: False (the default) and the error propagates; True and the
+    tenant is left alone for the rest of the drain while the others are drained."""
+    works = sorted((seed_tenant(conn, bad=False) for _ in range(3)), key=lambda w: w.tenant_id)
+    broken = works[0].tenant_id
+    for work in works[1:]:
+        more_acts(conn, work, 10)
+    started = _failing_for(monkeypatch, broken, RuntimeError("tenant broken"))
+
+    with pytest.raises(RuntimeError, match="tenant broken"):
+        drain(conn, lake, policy=DrainPolicy(until_idle=True, config=SMALL))
+    strict = _Watching()
+    with pytest.raises(RuntimeError, match="tenant broken"):
+        drain(conn, lake, policy=DrainPolicy(until_idle=True, config=SMALL), observer=strict)
+    assert ("failed", broken, "tenant broken") in strict.heard
+
+    started.clear()
+    tolerant = _Watching(tolerant=True)
+    passes = drain(conn, lake, policy=DrainPolicy(until_idle=True, config=SMALL), observer=tolerant)
+
+    assert [h for h in tolerant.heard if h[0] == "failed"] == [("failed", broken, "tenant broken")]
+    assert started.count(broken) == 1 and len(passes) > 2  # left alone after its failure
+    assert [t for t, _, _ in sequencer.pending_tenants(conn)] == [broken]
+
+
+def test_a_transient_fault_is_no_tenant_s_failure(conn, lake, monkeypatch):
+    """A lost connection in one tenant's batch propagates (the ride-through starts over)
+    without reaching `tenant_failed`, even from an observer that would let the tenant go."""
+    work = seed_tenant(conn, bad=False)
+    _failing_for(monkeypatch, work.tenant_id, ConnectionResetError(errno.ECONNRESET, "reset"))
+    tolerant = _Watching(tolerant=True)
+
+    with pytest.raises(ConnectionResetError):
+        drain(conn, lake, policy=DrainPolicy(until_idle=True), observer=tolerant)
+    assert [h for h in tolerant.heard if h[0] == "failed"] == []
 
 
 def test_a_drain_keeps_no_batch_it_has_folded(conn, lake, monkeypatch):
@@ -114,7 +229,9 @@ def test_a_drain_keeps_no_batch_it_has_folded(conn, lake, monkeypatch):
 
     monkeypatch.setattr(Fetcher, "fetch", recorded)
     for until_idle in (True, False):
-        passes = drain(conn, lake, [work.tenant_id], until_idle=until_idle, config=SMALL)
+        passes = drain(
+            conn, lake, [work.tenant_id], policy=DrainPolicy(until_idle=until_idle, config=SMALL)
+        )
         gc.collect()
         assert sum(len(p.batches) for p in passes) >= (3 if until_idle else 1)
         if until_idle:
@@ -151,7 +268,7 @@ def test_a_full_batch_reads_ahead_the_next_tenant_of_the_pass_before_its_own_nex
     works = sorted((seed_tenant(conn, bad=False) for _ in range(2)), key=lambda w: w.tenant_id)
     fetched = recorded_fetches(monkeypatch)
 
-    first = drain(conn, lake, until_idle=True, config=SMALL)[0].batches
+    first = drain(conn, lake, policy=DrainPolicy(until_idle=True, config=SMALL))[0].batches
 
     assert [b.ops for b in first] == [SMALL.max_batch] * 2  # both full: more to come
     (a, b) = (w.tenant_id for w in works)
@@ -203,7 +320,7 @@ def test_a_batch_s_ops_are_freed_without_the_cyclic_collector(conn, lake):
     gc.collect()
     gc.disable()
     try:
-        drain(conn, lake, [work.tenant_id], until_idle=True, config=SMALL)
+        drain(conn, lake, [work.tenant_id], policy=DrainPolicy(until_idle=True, config=SMALL))
         gc.set_debug(gc.DEBUG_SAVEALL)
         gc.collect()
         kept = [o for o in gc.garbage if isinstance(o, Op | RefusedOp)]

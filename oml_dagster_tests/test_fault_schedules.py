@@ -17,15 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake.drain import drain, drain_riding_through
+from oml_dagster.lake.drain import DrainPolicy, drain, drain_riding_through
 from oml_dagster.lake.faults import RetryPolicy
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.simulate import producer
-from oml_testbed.fault_proxy import KINDS, FaultProxy
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
-from oml_testbed.s3_server import new_bucket, store_options
 from oml_dagster_tests.test_commit_fence import mixed_workload
+from oml_testbed.fault_proxy import KINDS, FaultProxy
+from oml_testbed.s3_server import new_bucket, store_options
 
 pytestmark = pytest.mark.s3
 
@@ -96,8 +96,9 @@ def test_under_any_fault_schedule_the_lake_equals_a_fault_free_drain(
             lake,
             ids,
             retry=RETRY,
-            until_idle=True,
-            config=WriterConfig.for_batch(schedule["max_batch"]),
+            policy=DrainPolicy(
+                until_idle=True, config=WriterConfig.for_batch(schedule["max_batch"])
+            ),
         )
         reached = proxy.requests
     direct = Lake(lake.root, {**options, "AWS_ENDPOINT_URL": moto_endpoint})
@@ -133,6 +134,6 @@ def _shared_workload(conn) -> list:
 def _reference(conn, lake: Lake, ids: list[str]) -> dict:
     dsn = conn.info.dsn
     if dsn not in _REFERENCE:
-        drain(conn, lake, ids, until_idle=True)
+        drain(conn, lake, ids, policy=DrainPolicy(until_idle=True))
         _REFERENCE[dsn] = {tenant: lake_snapshot(lake, tenant) for tenant in ids}
     return _REFERENCE[dsn]

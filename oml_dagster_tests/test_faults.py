@@ -22,14 +22,14 @@ import psycopg
 import pytest
 
 from oml_dagster.lake import db
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.simulate import producer
-from oml_testbed.fault_proxy import KINDS, FaultProxy
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
+from oml_dagster_tests.test_commit_fence import mixed_workload
+from oml_testbed.fault_proxy import KINDS, FaultProxy
 from oml_testbed.pg_cluster import private_cluster
 from oml_testbed.s3_server import lake_env, new_bucket, s3_client, store_options
-from oml_dagster_tests.test_commit_fence import mixed_workload
 
 DRAIN = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "10"]
 # A streak of faults is ridden through quickly here: the bound is what a test can wait for.
@@ -44,7 +44,7 @@ def assert_exactly_once(conn, lake: Lake, tenants) -> None:
     """Every journal event in bronze once, and every table of every tenant equal to a fault-free
     drain of the same outbox into a lake of its own."""
     reference = Lake(lake.root.rstrip("/") + "-reference", lake.storage_options)
-    drain(conn, reference, [t.tenant_id for t in tenants], until_idle=True)
+    drain(conn, reference, [t.tenant_id for t in tenants], policy=DrainPolicy(until_idle=True))
     for keys in tenants:
         events = conn.execute(
             "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND op = 'journal.event'",

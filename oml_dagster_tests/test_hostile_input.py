@@ -15,7 +15,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from oml_dagster.lake import sequencer
 from oml_dagster.lake.deadletter import requeue
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.errors import BatchTimeout, ConflictingCommit
 from oml_dagster.lake.storage import read_rows
 from oml_dagster.lake.tables import APP_ID, GOLD_AREAS, GOLD_LINEAGE, TableSpec
@@ -246,7 +246,7 @@ def test_a_rebuilt_lake_equals_the_lost_one_row_for_row_curated_at_included(conn
     before = lake_snapshot(lake, tenant.tenant_id)
     assert [r["curated_at"] for r in before[f"gold.curated/{tree.a}"]] == [T0]
     shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
-    drain(conn, lake, [tenant.tenant_id], until_idle=True)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(lake, tenant.tenant_id) == before
 
 

@@ -10,7 +10,7 @@ import threading
 import psycopg
 
 from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import GOLD_LINEAGE, SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
@@ -61,7 +61,7 @@ def test_new_claims_and_edges_are_appended_and_changes_merged(conn, lake, tenant
 
     unique_keys(lake, tenant.tenant_id)
     reference = Lake(lake.root + "-reference")
-    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    drain(conn, reference, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
 
 
@@ -110,7 +110,7 @@ def test_a_writer_whose_append_meets_a_concurrent_commit_merges_or_skips(conn, l
     unique_keys(lake, tenant.tenant_id)
     assert LakeView(lake, tenant.tenant_id).claim(made[1])["state"] == "demoted"
     reference = Lake(lake.root + "-reference")
-    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    drain(conn, reference, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
 
 
@@ -134,7 +134,7 @@ def test_a_merge_narrowed_to_the_rows_boxes_finds_a_reassigned_claim_where_it_wa
     assert view.claim(moved)["workarea_id"] == tree.b
     assert view.claim(kept)["state"] == "demoted"
     reference = Lake(lake.root + "-reference")
-    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    drain(conn, reference, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(lake, tenant.tenant_id) == lake_snapshot(reference, tenant.tenant_id)
 
 

@@ -14,7 +14,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.lake import drain as drain_loop
 from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.writer import drain_tenant
 
@@ -111,7 +111,7 @@ def test_runs_of_one_tenant_never_overlap_while_two_tenants_do(conn, lake, deplo
 
     # The second run of each tenant found its batch committed and changed nothing.
     reference = Lake(str(tmp / "reference"))
-    drain(conn, reference, [a.tenant_id, b.tenant_id], until_idle=True)
+    drain(conn, reference, [a.tenant_id, b.tenant_id], policy=DrainPolicy(until_idle=True))
     for work in (a, b):
         assert lake_snapshot(lake, work.tenant_id) == lake_snapshot(reference, work.tenant_id)
 
@@ -122,7 +122,7 @@ def test_maintenance_and_drains_of_one_tenant_never_overlap(conn, lake, deployme
     instance, env, tmp = deployment
     work = seed_tenant(conn, claims=60)
     sequencer.sequence(conn)
-    drain(conn, lake, [work.tenant_id], until_idle=True)
+    drain(conn, lake, [work.tenant_id], policy=DrainPolicy(until_idle=True))
     seed_tenant(conn, work.keys, claims=30)  # more to drain while maintenance is queued
     sequencer.sequence(conn)
     instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [work.tenant_id])
@@ -157,8 +157,8 @@ def test_maintenance_and_drains_of_one_tenant_never_overlap(conn, lake, deployme
                 f"{x.dagster_run.job_name} and {y.dagster_run.job_name} of one tenant ran at once"
             )
     reference = Lake(str(tmp / "reference"))
-    drain(conn, reference, [work.tenant_id], until_idle=True)
-    drain(conn, lake, [work.tenant_id], until_idle=True)
+    drain(conn, reference, [work.tenant_id], policy=DrainPolicy(until_idle=True))
+    drain(conn, lake, [work.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(lake, work.tenant_id) == lake_snapshot(reference, work.tenant_id)
 
 
@@ -219,7 +219,7 @@ def test_two_runs_started_outside_the_queue_are_fenced(conn, lake, tmp_path, mon
     assert outcomes == [("committed", 1), ("skipped", 2)]
 
     reference = Lake(str(tmp_path / "reference"))
-    drain(conn, reference, [work.tenant_id], until_idle=True)
+    drain(conn, reference, [work.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(lake, work.tenant_id) == lake_snapshot(reference, work.tenant_id)
     events = lake_snapshot(lake, work.tenant_id)["bronze.events"]
     assert len(events) == len({e["journal_seq"] for e in events})

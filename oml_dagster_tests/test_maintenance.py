@@ -32,7 +32,7 @@ from oml_dagster.defs import maintenance as maintenance_defs
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from oml_dagster.defs.resources import DeploymentSettings, LakeResource, PostgresResource
 from oml_dagster.lake import deltalog, maintenance, rewrites, sequencer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
 from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
@@ -173,12 +173,12 @@ def test_the_writer_packs_small_files_on_the_way_and_changes_no_row(
 
     monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 2**62)
     other = Lake(str(tmp_path / "rebuilt"))
-    drain(conn, other, [tenant.tenant_id], until_idle=True)
+    drain(conn, other, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert not _writer_packs(other.table_uri(tenant.tenant_id, BRONZE_EVENTS))
     assert lake_snapshot(other, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
     # The packed tables' app transactions still fence: draining again writes nothing.
     versions = table_versions(lake, tenant.tenant_id)
-    drain(conn, lake, [tenant.tenant_id], until_idle=True)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert table_versions(lake, tenant.tenant_id) == versions
 
 
@@ -208,7 +208,7 @@ def test_a_packing_that_loses_a_race_is_left_for_later(conn, lake, tenant, dsn, 
     assert raced  # the race happened, and the drains went on past it
     other = Lake(lake.root + "-rebuilt")
     monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 2**62)
-    drain(conn, other, [tenant.tenant_id], until_idle=True)
+    drain(conn, other, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(other, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
 
 
@@ -317,7 +317,7 @@ def test_drain_maintain_drain_again_no_duplicates(conn, lake, tenant, tmp_path):
     maintenance.maintain(conn, lake, tenant.tenant_id, "all")
     assert txn_versions(lake, tenant.tenant_id) == txns
 
-    passes = drain(conn, lake, [tenant.tenant_id], until_idle=True)
+    passes = drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert not any(b.committed for p in passes for b in p.batches)
 
     # More acts after maintenance: a promote, an erase in the curated area, an edge demote.
@@ -330,7 +330,7 @@ def test_drain_maintain_drain_again_no_duplicates(conn, lake, tenant, tmp_path):
     drain_all(conn, lake)
 
     reference = Lake(str(tmp_path / "reference"))
-    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    drain(conn, reference, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     maintained = lake_snapshot(lake, tenant.tenant_id)
     assert maintained == lake_snapshot(reference, tenant.tenant_id)
     events = [r["event_id"] for r in maintained[BRONZE_EVENTS.name]]
@@ -363,7 +363,7 @@ def test_optimize_between_a_batchs_commits_neither_duplicates_nor_loses(
     drain_all(conn, lake)
 
     reference = Lake(str(tmp_path / "reference"))
-    drain(conn, reference, [tenant.tenant_id], until_idle=True)
+    drain(conn, reference, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     maintained = lake_snapshot(lake, tenant.tenant_id)
     assert maintained == lake_snapshot(reference, tenant.tenant_id)
     events = [r["event_id"] for r in maintained[BRONZE_EVENTS.name]]
@@ -645,8 +645,7 @@ def test_tables_stay_compact_and_bounded_under_a_long_workload(conn, lake):
             conn,
             lake,
             [keys.tenant_id],
-            until_idle=True,
-            config=WriterConfig(max_batch=4, txn_lag_limit=2),
+            policy=DrainPolicy(until_idle=True, config=WriterConfig(max_batch=4, txn_lag_limit=2)),
         )
         time.sleep(1.5)
         maintenance.maintain(conn, lake, keys.tenant_id, "all")

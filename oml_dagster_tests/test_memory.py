@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import oml_dagster
 from oml_dagster.lake import memory, sequencer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.memory import MemoryGovernor, next_cap
 from oml_dagster.lake.tables import SILVER_CLAIMS
 from oml_dagster.lake.writer import WriterConfig
@@ -127,7 +127,12 @@ def _batch_sizes(conn, lake, governor: MemoryGovernor) -> tuple[list[int], str]:
     work = seed_tenant(conn, bad=False)
     more_acts(conn, work, 100)
     config = WriterConfig(max_batch=40, txn_lag_limit=20)
-    passes = drain(conn, lake, [work.tenant_id], until_idle=True, config=config, governor=governor)
+    passes = drain(
+        conn,
+        lake,
+        [work.tenant_id],
+        policy=DrainPolicy(until_idle=True, config=config, governor=governor),
+    )
     assert sequencer.pending_tenants(conn, [work.tenant_id]) == []
     silver = table_rows(lake, work.tenant_id, SILVER_CLAIMS)
     assert len(silver) == len({(r["artifact_id"], r["version"]) for r in silver})

@@ -17,6 +17,7 @@ import pytest
 from deltalake import write_deltalake
 
 from oml_dagster.lake import reconcile as rc
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.reconcile import reconcile
 from oml_dagster.lake.storage import Lake, read_rows
 from oml_dagster.lake.tables import (
@@ -89,7 +90,7 @@ def test_every_check_passes_on_a_simulated_workload_drained_in_any_batches(
     report = run(dsn, WorkloadConfig(tenants=2, claims=40, seed=seed, bad_ratio=0.06), RunConfig())
     assert report.acts > 0
     config = WriterConfig(max_batch=max_batch, txn_lag_limit=max(1, max_batch // 2))
-    drain_all(conn, lake, config=config)
+    drain(conn, lake, policy=DrainPolicy(until_idle=True, config=config))
     tenants = [t for (t,) in conn.execute("SELECT DISTINCT tenant_id::text FROM oml.outbox")]
     assert len(tenants) == 2
     for tenant_id in tenants:

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainObserver, DrainPass, DrainPolicy, drain
 from oml_dagster.lake.errors import LostCuratedTable
 from oml_dagster.lake.storage import tenant_tables
 from oml_dagster.lake.tables import CORE_TABLES, GOLD_CURATED
@@ -29,7 +29,7 @@ def _validated_area(lake, tenant_id) -> str:
 @pytest.mark.parametrize("lost", [s.name for s in CORE_TABLES] + ["prefix"])
 def test_a_lost_table_is_rebuilt_identically(conn, lake, tenant, lost):
     mixed_workload(conn, tenant)
-    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=SMALL))
     before = lake_snapshot(lake, tenant.tenant_id)
     if lost == "prefix":
         shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
@@ -40,20 +40,20 @@ def test_a_lost_table_is_rebuilt_identically(conn, lake, tenant, lost):
     else:
         spec = next(s for s in CORE_TABLES if s.name == lost)
         shutil.rmtree(lake.table_uri(tenant.tenant_id, spec))
-    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=SMALL))
     assert lake_snapshot(lake, tenant.tenant_id) == before
 
 
 def test_a_lost_curated_table_alone_asks_for_the_prefix_to_be_rebuilt(conn, lake, tenant):
     mixed_workload(conn, tenant)
-    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=SMALL))
     before = lake_snapshot(lake, tenant.tenant_id)
     area = _validated_area(lake, tenant.tenant_id)
     shutil.rmtree(lake.table_uri(tenant.tenant_id, GOLD_CURATED, area))
     with pytest.raises(LostCuratedTable, match=f"gold.curated/{area} is missing"):
-        drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
+        drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=SMALL))
     shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
-    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=SMALL))
     assert lake_snapshot(lake, tenant.tenant_id) == before
 
 
@@ -64,17 +64,24 @@ def test_a_prefix_removed_between_passes_of_one_drain_is_rebuilt_not_continued(c
     mixed_workload(conn, tenant)
     removed = []
 
-    def remove_once(drained) -> None:
-        if not removed and drained.batches:
-            shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
-            removed.append(drained.batches[-1].batch_end)
+    class RemoveOnce(DrainObserver):
+        def pass_ended(self, drained: DrainPass) -> None:
+            if not removed and drained.batches:
+                shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
+                removed.append(drained.batches[-1].batch_end)
 
-    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL, on_pass=remove_once)
+    drain(
+        conn,
+        lake,
+        [tenant.tenant_id],
+        policy=DrainPolicy(until_idle=True, config=SMALL),
+        observer=RemoveOnce(),
+    )
     assert removed
     rebuilt = lake_snapshot(lake, tenant.tenant_id)
     for _, spec, uri in tenant_tables(lake, tenant.tenant_id):
         versions = [c["version"] for c in lake.open(uri).history()]
         assert sorted(versions) == list(range(len(versions))), (spec.name, versions)
     shutil.rmtree(lake.tenant_uri(tenant.tenant_id))
-    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=SMALL)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=SMALL))
     assert lake_snapshot(lake, tenant.tenant_id) == rebuilt

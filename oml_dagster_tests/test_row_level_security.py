@@ -16,7 +16,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from oml_dagster.lake import queries
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.queries import CROSS_ROLE, TENANT_ROLE, cross_scope, tenant_scope
 from oml_dagster.simulate import producer
 from oml_dagster.simulate.producer import Act, Event, commit_acts
@@ -172,7 +172,7 @@ def test_the_commands_run_under_the_writer_role(writer_dsn, conn, dsn, lake, tmp
     from oml_dagster.lake.storage import Lake
 
     reference = Lake(str(tmp_path / "reference"))
-    drain(conn, reference, [k.tenant_id for k in made], until_idle=True)
+    drain(conn, reference, [k.tenant_id for k in made], policy=DrainPolicy(until_idle=True))
     for keys in made:
         assert lake_snapshot(lake, keys.tenant_id) == lake_snapshot(reference, keys.tenant_id)
 

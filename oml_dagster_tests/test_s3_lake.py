@@ -8,7 +8,7 @@ import threading
 import psycopg
 import pytest
 
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import FileKeys
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
@@ -23,10 +23,9 @@ def test_s3_lake_equals_a_local_lake_and_replays_skip(conn, lake, tenant, s3_lak
         conn,
         s3_lake,
         [tenant.tenant_id],
-        until_idle=True,
-        config=WriterConfig(max_batch=9, txn_lag_limit=4),
+        policy=DrainPolicy(until_idle=True, config=WriterConfig(max_batch=9, txn_lag_limit=4)),
     )
-    drain(conn, lake, [tenant.tenant_id], until_idle=True)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(s3_lake, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
     assert not drain_tenant(conn, s3_lake, tenant.tenant_id).committed
 
@@ -39,7 +38,12 @@ def test_two_writers_racing_on_s3(conn, dsn, lake, tenant, s3_lake):
         try:
             with psycopg.connect(dsn, autocommit=True) as own:
                 config = WriterConfig(max_batch=max_batch, txn_lag_limit=max(1, max_batch // 2))
-                drain(own, s3_lake, [tenant.tenant_id], until_idle=True, config=config)
+                drain(
+                    own,
+                    s3_lake,
+                    [tenant.tenant_id],
+                    policy=DrainPolicy(until_idle=True, config=config),
+                )
         except Exception as error:
             errors.append(error)
 
@@ -49,10 +53,10 @@ def test_two_writers_racing_on_s3(conn, dsn, lake, tenant, s3_lake):
     for t in threads:
         t.join(180)
     assert not errors, errors
-    drain(conn, s3_lake, [tenant.tenant_id], until_idle=True)
+    drain(conn, s3_lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     bronze = LakeView(s3_lake, tenant.tenant_id).bronze
     assert len(bronze) == len({r["journal_seq"] for r in bronze})
-    drain(conn, lake, [tenant.tenant_id], until_idle=True)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert lake_snapshot(s3_lake, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)
 
 
@@ -76,11 +80,11 @@ def test_lookups_by_query_on_s3_give_the_lake_lookups_by_reading_give(
     monkeypatch.setattr(FileKeys, "QUERY_FROM_ROWS", 0)
     monkeypatch.setattr(FileKeys, "QUERY_ROWS_PER_VALUE", 0)
     config = WriterConfig(max_batch=9, txn_lag_limit=4)
-    drain(conn, s3_lake, [tenant.tenant_id], until_idle=True, config=config)
+    drain(conn, s3_lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=config))
     assert queried and set(queried) == {1}  # each lookup one query
 
     monkeypatch.setattr(FileKeys, "QUERY_MOST_VALUES", 0)
     queried.clear()
-    drain(conn, lake, [tenant.tenant_id], until_idle=True, config=config)
+    drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True, config=config))
     assert queried and set(queried) == {0}
     assert lake_snapshot(s3_lake, tenant.tenant_id) == lake_snapshot(lake, tenant.tenant_id)

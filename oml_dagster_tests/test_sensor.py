@@ -21,7 +21,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import build_resources
 from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import producer
 
@@ -121,7 +121,9 @@ def test_every_tenant_postgres_knows_becomes_a_partition_once(conn, lake, defs, 
     """Tenants drained only through the CLI, or with nothing to drain, still get a partition (the
     maintenance and evidence schedules iterate the partitions); a tick adds only the missing."""
     through_cli, listed = seed_tenant(conn), seed_tenant(conn)
-    drain(conn, lake, until_idle=True)  # `oml-lake drain --until-idle`: nothing left pending
+    drain(
+        conn, lake, policy=DrainPolicy(until_idle=True)
+    )  # `oml-lake drain --until-idle`: nothing left pending
     quiet = producer.create_tenant(conn)
     instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, [listed.tenant_id])
 

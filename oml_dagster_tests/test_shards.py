@@ -18,7 +18,7 @@ from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import LakeResource, PostgresResource, WriterResource
 from oml_dagster.defs.shards import SHARD_TAG, shard_of
 from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.storage import tenant_tables
 
 from .dagster_support import (
@@ -65,7 +65,7 @@ def tenants_of_shards(conn, lake, shards: int, want: dict[int, int]) -> dict[int
         if k in found and len(found[k]) < want[k]:
             found[k].append(work)
         else:  # drained away so it does not count as pending
-            drain(conn, lake, [work.tenant_id], until_idle=True)
+            drain(conn, lake, [work.tenant_id], policy=DrainPolicy(until_idle=True))
     return found
 
 

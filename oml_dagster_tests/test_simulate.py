@@ -11,7 +11,7 @@ from collections import defaultdict
 import psycopg
 
 from oml_dagster import cli
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_AREAS, SILVER_CLAIMS
 from oml_dagster.simulate import verify
 from oml_dagster.simulate.faults import FAULT_KEY, FAULTS
@@ -314,7 +314,7 @@ def test_simulate_then_drain_lands_everything_once(dsn, conn, lake, capsys):
     )
     assert code == 0
     assert "bad ops" in capsys.readouterr().out
-    drain(conn, lake, until_idle=True)
+    drain(conn, lake, policy=DrainPolicy(until_idle=True))
     assert conn.execute("SELECT count(*) FROM oml.outbox WHERE seq IS NULL").fetchone()[0] == 0
 
     # Dead letters are exactly the injected faults, each class with its reason.

@@ -17,8 +17,7 @@ from urllib.parse import urlparse
 import pytest
 from botocore.exceptions import ClientError
 
-from oml_dagster import from_settings
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.errors import UnsupportedObjectStore
 from oml_dagster.lake.storage import PROBE_PREFIX, Lake
 from oml_dagster.lake.tables import CORE_TABLES, SILVER_CLAIMS
@@ -166,7 +165,7 @@ def test_a_store_that_ignores_if_none_match_is_refused_by_name(
         lake.open(lake.table_uri(tenant.tenant_id, SILVER_CLAIMS))
     promoted(conn, tenant, make_tree(conn, tenant).a)
     with pytest.raises(UnsupportedObjectStore, match=bucket):
-        drain(conn, lake, [tenant.tenant_id], until_idle=True)
+        drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert len(ignoring_store.probes()) == 1
     assert _keys(moto_endpoint, bucket) == [], "the probe's scratch table is removed"
 
@@ -179,7 +178,7 @@ def test_the_environment_configured_lake_is_refused_at_startup(
     for key, value in _lake(ignoring_store.endpoint, bucket).storage_options.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(UnsupportedObjectStore, match=f"{ignoring_store.endpoint} bucket {bucket}"):
-        from_settings.lake()
+        Lake.from_env()
 
 
 def test_a_store_that_honours_it_is_accepted_and_probed_once_per_store(
@@ -203,7 +202,7 @@ def test_a_store_that_honours_it_is_accepted_and_probed_once_per_store(
 def test_the_writer_commits_to_an_accepted_store(conn, s3_lake, tenant):
     """moto's server itself (which honours If-None-Match) passes the probe and takes a drain."""
     promoted(conn, tenant, make_tree(conn, tenant).a)
-    drain(conn, s3_lake, [tenant.tenant_id], until_idle=True)
+    drain(conn, s3_lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
     assert len(LakeView(s3_lake, tenant.tenant_id).silver) == 1
 
 

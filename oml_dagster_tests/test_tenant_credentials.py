@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from oml_dagster import from_settings
 from oml_dagster.lake import analytics, storage
 from oml_dagster.lake.doctor import examine
-from oml_dagster.lake.drain import drain
+from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.erasure import erasure_evidence
 from oml_dagster.lake.errors import CrossTenantAccess, InvalidSetting, TenantCredentialsRefused
 from oml_dagster.lake.faults import EXIT_PERMANENT, describe
@@ -27,8 +26,8 @@ from oml_dagster.lake.storage import Lake, layered
 from oml_dagster.lake.tables import BRONZE_EVENTS
 from oml_dagster.settings import TenantStorageReferences
 from oml_dagster.simulate import producer
-from oml_testbed.s3_server import moto_server
 from oml_dagster_tests.test_commit_fence import mixed_workload
+from oml_testbed.s3_server import moto_server
 
 A, B = str(uuid.uuid4()), str(uuid.uuid4())
 SHARED = {
@@ -148,7 +147,7 @@ def test_a_drain_of_one_tenant_through_anothers_lake_writes_nothing(conn, lake):
     keys = producer.create_tenant(conn, B)
     mixed_workload(conn, keys)
     with pytest.raises(CrossTenantAccess) as refused:
-        drain(conn, lake.for_tenant(A), [B], until_idle=True)
+        drain(conn, lake.for_tenant(A), [B], policy=DrainPolicy(until_idle=True))
     line, code = describe(refused.value)
     assert code == EXIT_PERMANENT and f"tenant {A}" in line and "\n" not in line
     assert not Path(lake.tenant_uri(B)).exists()
@@ -261,7 +260,7 @@ def deploy(monkeypatch, store: IamStore, shared: dict[str, str], own_dir: Path) 
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     monkeypatch.delenv("OML_LAKE_STORAGE_OPTIONS", raising=False)
-    return from_settings.lake()
+    return Lake.from_env()
 
 
 def own_file(own_dir: Path, tenant_id: str, credentials: dict[str, str]) -> Path:
@@ -295,7 +294,9 @@ def test_each_tenant_is_written_and_read_with_its_own_credentials_only(
     for tenant_id in (A, B):
         mixed_workload(conn, producer.create_tenant(conn, tenant_id))
 
-    drain(conn, lake, [A, B], until_idle=True)  # one drain, one set of open tables, both
+    drain(
+        conn, lake, [A, B], policy=DrainPolicy(until_idle=True)
+    )  # one drain, one set of open tables, both
 
     assert any("/_delta_log/" in k for k in store.keys(f"oml-lake/{A}/"))
     assert any("/_delta_log/" in k for k in store.keys(f"oml-lake/{B}/"))
@@ -334,7 +335,7 @@ def test_a_tenant_pointed_at_another_tenants_credentials_stops_with_one_line(
     mixed_workload(conn, producer.create_tenant(conn, B))
 
     with pytest.raises(TenantCredentialsRefused) as stopped:
-        drain(conn, lake, [B], until_idle=True)
+        drain(conn, lake, [B], policy=DrainPolicy(until_idle=True))
 
     line, code = describe(stopped.value)
     assert code == EXIT_PERMANENT and "\n" not in line

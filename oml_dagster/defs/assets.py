@@ -26,7 +26,7 @@ from dagster import (
 )
 
 from oml_dagster.lake import deadletter, queries
-from oml_dagster.lake.drain import DrainPass, drain_riding_through
+from oml_dagster.lake.drain import DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.freshness import tenant_lag
 from oml_dagster.lake.policy import lag
 from oml_dagster.lake.queries import tenant_scope
@@ -42,7 +42,7 @@ from oml_dagster.lake.tables import (
 )
 from oml_dagster.lake.writer import COMMITS, BatchResult, TableOutcome
 
-from .failures import failing_clearly, warn_retry, with_retry
+from .failures import RunDrainObserver, failing_clearly, with_retry
 from .partitions import tenant_partitions
 from .resources import LakeResource, PostgresResource, WriterResource
 
@@ -244,9 +244,9 @@ def lake_tables(
 ) -> Iterator[MaterializeResult]:
     tenant_id = context.partition_key
     cap = writer.drain_seconds()
-    policy = writer.retry_policy()
+    retry = writer.retry_policy()
     with failing_clearly():
-        store = with_retry(context, policy, lake.get_lake)
+        store = with_retry(context, retry, lake.get_lake)
         # The core's loop, as `oml-lake drain --until-idle` runs it, for this tenant only, riding
         # through transient faults; the run queue's per-partition limit keeps it the tenant's only
         # writer meanwhile. Cap 0: one sequencing cut and one batch.
@@ -254,11 +254,9 @@ def lake_tables(
             postgres.connect,
             store,
             [tenant_id],
-            retry=policy,
-            on_retry=warn_retry(context),
-            until_idle=cap > 0,
-            config=writer.config(),
-            max_seconds=cap,
+            retry=retry,
+            policy=DrainPolicy(until_idle=cap > 0, max_seconds=cap, config=writer.config()),
+            observer=RunDrainObserver(context),
         )
         results = [b for p in passes for b in p.batches]
 
@@ -266,7 +264,7 @@ def lake_tables(
             with postgres.connect() as conn:
                 return run_metadata(conn, store, results)
 
-        metadata = with_retry(context, policy, report)
+        metadata = with_retry(context, retry, report)
     context.log.info(_summary(passes, results, metadata))
     for key in TABLE_OF:
         yield MaterializeResult(asset_key=key, metadata=metadata[key])

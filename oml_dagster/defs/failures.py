@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from dagster import Failure, OpExecutionContext
 
+from oml_dagster.lake.drain import DrainObserver
 from oml_dagster.lake.faults import Fault, RetryPolicy, describe, retrying
 
 T = TypeVar("T")
@@ -37,6 +38,16 @@ def warn_retry(context: OpExecutionContext) -> Callable[[Fault, int, float], Non
         )
 
     return warn
+
+
+class RunDrainObserver(DrainObserver):
+    """A run's drain observer: each retry of the drain a warning in the run's log."""
+
+    def __init__(self, context: OpExecutionContext):
+        self.context = context
+
+    def retrying(self, fault: Fault, failures: int, wait: float) -> None:
+        warn_retry(self.context)(fault, failures, wait)
 
 
 def with_retry(context: OpExecutionContext, policy: RetryPolicy, work: Callable[[], T]) -> T:

@@ -32,12 +32,12 @@ from dagster import (
     op,
 )
 
-from oml_dagster.lake.drain import DrainPass, drain_riding_through
+from oml_dagster.lake.drain import DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.faults import describe
 from oml_dagster.lake.writer import BatchResult
 
 from .assets import TABLE_OF, run_metadata
-from .failures import failing_clearly, warn_retry, with_retry
+from .failures import RunDrainObserver, failing_clearly, with_retry
 from .resources import LakeResource, PostgresResource, WriterResource
 
 SHARD_TAG = "oml/shard"
@@ -95,34 +95,26 @@ def drain_shard(
         raise ValueError(f"shard {config.shard} is not one of 0..{config.shards - 1}")
     cap = writer.shard_run_seconds()
     tag = shard_tag(config.shard, config.shards)
-    policy = writer.retry_policy()
-    errors: dict[str, str] = {}
-
-    def failed(tenant_id: str, error: Exception) -> None:
-        # One broken tenant must not stop its shard: it is left for the rest of the run, the
-        # others go on, and the run fails at its end naming it (its freshness check flags it).
-        # Transient faults never come here: the drain starts over (`drain_riding_through`).
-        errors[tenant_id] = describe(error)[0]
-        context.log.error(f"tenant {tenant_id}: {errors[tenant_id]}")
-
+    retry = writer.retry_policy()
     with failing_clearly():
-        store = with_retry(context, policy, lake.get_lake)
-        report = _Report(context, postgres, store, policy)
+        store = with_retry(context, retry, lake.get_lake)
+        report = _Report(context, postgres, store, retry)
+        shard = _ShardDrain(context, report)
         passes = drain_riding_through(
             postgres.connect,
             store,
-            retry=policy,
-            on_retry=warn_retry(context),
-            until_idle=cap > 0,
-            config=writer.config(),
-            max_seconds=cap,
-            owns=lambda t: shard_of(t, config.shards) == config.shard,
-            skip=lambda: tenants_held(context.instance),
-            on_pass=report.on_pass,
-            on_error=failed,
-            poll_seconds=POLL_SECONDS if writer.standing() else None,
+            retry=retry,
+            policy=DrainPolicy(
+                until_idle=cap > 0,
+                max_seconds=cap,
+                poll_seconds=POLL_SECONDS if writer.standing() else None,
+                owns=lambda t: shard_of(t, config.shards) == config.shard,
+                config=writer.config(),
+            ),
+            observer=shard,
         )
         report.flush()
+    errors = shard.errors
     context.log.info(
         f"shard {tag}: {len(passes)} passes, {len(report.tenants)} tenants, "
         f"{sum(b.ops for p in passes for b in p.batches)} ops read, "
@@ -173,6 +165,31 @@ class _Report:
         # A connection of its own per report: the drain's may have been lost and replaced.
         with self.postgres.connect() as conn:
             return run_metadata(conn, self.store, results)
+
+
+class _ShardDrain(RunDrainObserver):
+    """What a shard run's drain tells it: each pass goes to the report; the tenants a
+    tenant-partitioned run holds are left alone each pass; a tenant that fails is left for the
+    rest of the run and named when it ends."""
+
+    def __init__(self, context: OpExecutionContext, report: _Report):
+        super().__init__(context)
+        self.report = report
+        self.errors: dict[str, str] = {}
+
+    def busy_tenants(self) -> set[str]:
+        return tenants_held(self.context.instance)
+
+    def pass_ended(self, drained: DrainPass) -> None:
+        self.report.on_pass(drained)
+
+    def tenant_failed(self, tenant_id: str, error: Exception) -> bool:
+        # One broken tenant must not stop its shard: it is left for the rest of the run, the
+        # others go on, and the run fails at its end naming it (its freshness check flags it).
+        # Transient faults never come here: the drain starts over (`drain_riding_through`).
+        self.errors[tenant_id] = describe(error)[0]
+        self.context.log.error(f"tenant {tenant_id}: {self.errors[tenant_id]}")
+        return True
 
 
 @job(

@@ -1,12 +1,15 @@
 """Drain passes: sequence, then one batch per tenant with pending ops; the same loop serves
 `oml-lake drain`, the benchmarks, the tests and each lake-writer run of the Dagster layer (one
-tenant, until idle or a time cap: ADR 0021)."""
+tenant, until idle or a time cap: ADR 0021). What a drain does and for how long is one
+`DrainPolicy`; what its caller hears of it (and decides on the way) is one `DrainObserver`
+(ADR 0051)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -45,151 +48,253 @@ class DrainPass:
         return self.sequenced_here > 0 or any(b.committed or b.refused for b in self.batches)
 
 
+@dataclass(frozen=True)
+class DrainPolicy:
+    """What a drain drains and for how long.
+
+    - `until_idle`: pass after pass until one neither sequences nor applies anything (else one
+      pass); at most `max_passes`.
+    - `max_seconds`: no pass starts after this many seconds from the drain's start (the pass
+      under way always finishes: its batches are committed or not, never cut).
+    - `poll_seconds` (a standing shard run, ADR 0032): an idle pass does not end the drain, which
+      passes again until `max_seconds`, at most once per `poll_seconds`: ops arriving after a
+      quiet spell are sequenced and drained by a writer already running, and a trickle is
+      drained in batches of half a second's ops rather than one pass per op. Idle passes after
+      the first are not kept in the passes returned.
+    - `owns`: with no tenants named, the pending tenants the drain takes (a shard of tenants:
+      only their rows count as progress); None, every one.
+    - `config`: each batch takes at most `config.max_batch` ops, fewer when the memory budget
+      (`config.memory_budget_mib`, measured by `governor`, one made per drain when None) calls
+      for it (ADR 0034). A governor given here is shared by every drain the policy runs."""
+
+    until_idle: bool = False
+    max_passes: int = 100_000
+    max_seconds: float | None = None
+    poll_seconds: float | None = None
+    owns: Callable[[str], bool] | None = None
+    config: WriterConfig = field(default_factory=WriterConfig)
+    governor: MemoryGovernor | None = None
+
+    def __post_init__(self):
+        if self.max_seconds is not None and not self.max_seconds >= 0:
+            raise ValueError(f"max_seconds must be >= 0, got {self.max_seconds!r}")
+        if self.poll_seconds is not None and (
+            not self.poll_seconds > 0 or self.max_seconds is None
+        ):
+            raise ValueError(
+                f"poll_seconds must be > 0 and bounded by max_seconds, got {self.poll_seconds!r} "
+                f"with max_seconds {self.max_seconds!r}"
+            )
+
+
+class DrainObserver:
+    """What a drain tells its caller, and the two things it asks. Every method is a no-op (or
+    the plain answer) here; a caller subclasses it and overrides what it needs."""
+
+    def busy_tenants(self) -> Collection[str]:
+        """Tenants to leave alone in this pass (another run writes them); asked once per pass
+        that has tenants to visit."""
+        return ()
+
+    def batch_ended(self, result: BatchResult) -> None:
+        """A tenant batch ended (committed, refused, or nothing to do), before its pass does."""
+
+    def pass_ended(self, drained: DrainPass) -> None:
+        """A pass ended: every pass, the idle ones of a polling drain too."""
+
+    def tenant_failed(self, tenant_id: str, error: Exception) -> bool:
+        """A tenant's batch raised. True: the drain goes on and leaves that tenant alone for the
+        rest of the drain, so one broken tenant does not stop the others (a shard run); False
+        (here): the error propagates. A transient fault (`faults.is_transient`: a lost
+        connection, a store's 5xx) never comes here: it is no tenant's fault, and always
+        propagates (`drain_riding_through` starts over)."""
+        return False
+
+    def retrying(self, fault: Fault, failures: int, wait: float) -> None:
+        """`drain_riding_through` retries after `fault`, the streak's `failures`-th, in `wait`
+        seconds."""
+
+
 def drain(
     conn: psycopg.Connection,
     lake: Lake,
     tenants: list[str] | None = None,
     *,
-    until_idle: bool = False,
-    config: WriterConfig | None = None,
-    on_pass: Callable[[DrainPass], None] | None = None,
-    max_passes: int = 100_000,
-    max_seconds: float | None = None,
-    owns: Callable[[str], bool] | None = None,
-    skip: Callable[[], set[str]] | None = None,
-    on_error: Callable[[str, Exception], None] | None = None,
-    poll_seconds: float | None = None,
-    governor: MemoryGovernor | None = None,
-    on_batch: Callable[[BatchResult], None] | None = None,
+    policy: DrainPolicy | None = None,
+    observer: DrainObserver | None = None,
 ) -> list[DrainPass]:
-    """Run passes until one neither sequences nor applies anything (or just one pass), or until
-    a pass ends `max_seconds` after the start (the pass under way always finishes: its batches
-    are committed or not, never cut).
+    """Run passes as `policy` says (one, or until idle or its time cap) and return them.
 
     Named tenants are always visited (their Delta logs decide what is left); otherwise the
-    tenants the frontier cache shows behind the sequencer are, those `owns` accepts when given
-    (a shard of tenants: only their rows count as progress). `skip()`, asked once per pass,
-    names tenants to leave alone in that pass (another run writes them). With `on_error`, a
-    tenant whose batch raises is handed to it with the error and left alone for the rest of
-    the drain, so one broken tenant does not stop the others (a shard run); without, the error
-    propagates. A transient fault (`faults.is_transient`: a lost connection, a store's 5xx)
-    always propagates: it is no tenant's fault, and `drain_riding_through` starts over.
-
-    With `poll_seconds` (a standing shard run, ADR 0032) an idle pass does not end the drain,
-    which passes again until `max_seconds`, at most once per `poll_seconds`: ops arriving after a
-    quiet spell are sequenced and drained by a writer already running, and a trickle is drained
-    in batches of half a second's ops rather than one pass per op. Idle passes after the first
-    are not kept in the passes returned.
-
-    Each batch takes at most `config.max_batch` ops, fewer when the memory budget
-    (`config.memory_budget_mib`, measured by `governor`, one made here when none is given) calls
-    for it (ADR 0034). `on_batch` is told of each tenant batch as it ends, before its pass does."""
-    if max_seconds is not None and not max_seconds >= 0:
-        raise ValueError(f"max_seconds must be >= 0, got {max_seconds!r}")
-    if poll_seconds is not None and (not poll_seconds > 0 or max_seconds is None):
-        raise ValueError(
-            f"poll_seconds must be > 0 and bounded by max_seconds, got {poll_seconds!r} "
-            f"with max_seconds {max_seconds!r}"
-        )
-    started = time.monotonic()
-    config = config or WriterConfig()
-    scope = frozenset(tenants).__contains__ if tenants else owns
-    passes: list[DrainPass] = []
-    # One fetcher (one ADBC connection) for every tenant: a connection per tenant would hold
-    # one Postgres connection per tenant of a shard for the whole run. While a batch commits,
-    # the fetcher's thread reads the batch the drain needs next: the first of the tenant the
-    # pass visits next, or after the pass's last tenant its own next one (until idle), so
-    # Postgres builds that batch on the other core instead of the drain waiting for it.
-    fetcher: Fetcher | None = None
-    following: dict[str, Future[Batch]] = {}
-    failed: set[str] = set()
-    # The tenants' tables stay open from one pass to the next (brought up to date per batch).
-    tables = OpenTables(lake)
-    # Batches as large as the memory budget allows (ADR 0034), up to the configured cap.
-    governor = governor or MemoryGovernor(config.memory_budget_mib or None)
+    tenants the frontier cache shows behind the sequencer are, those `policy.owns` accepts when
+    given. `observer` hears of each batch and pass, names the busy tenants each pass leaves
+    alone and decides whether a tenant's failure stops the drain (`DrainObserver`)."""
+    run = _Drain(conn, lake, tenants, policy or DrainPolicy(), observer or DrainObserver())
     try:
-        for _ in range(max_passes):
-            pass_started = time.monotonic()
-            cut = sequencer.sequence_for_batches(conn, config.max_batch)
-            current = DrainPass(cut, scope=scope)
-            # Each pending tenant's frontier (the frontier cache's), where its next batch starts:
-            # the targets, and where the tenant visited next is read ahead from; a drain of one
-            # named tenant needs neither.
-            pending: dict[str, int] = {}
-            if not tenants or len(tenants) > 1:
-                pending = {t: at for t, _, at in sequencer.pending_tenants(conn, tenants)}
-            targets = tenants or list(pending)
-            if owns is not None and not tenants:
-                targets = [t for t in targets if owns(t)]
-            if skip is not None and targets:
-                busy = skip()
-                targets = [t for t in targets if t not in busy]
-            targets = [t for t in targets if t not in failed]
-            # A batch read ahead for a tenant this pass leaves alone is not kept for later.
-            following = {t: f for t, f in following.items() if t in targets}
-            for k, tenant_id in enumerate(targets):
-                fetcher = fetcher or Fetcher(conn)
-                cap = governor.cap(config.max_batch)
-                visited_next = targets[k + 1] if k + 1 < len(targets) else None
-                then = None
-                if visited_next in pending and visited_next not in following:
-                    then = (visited_next, pending[visited_next])
-                try:
-                    result = drain_tenant(
-                        conn,
-                        lake,
-                        tenant_id,
-                        config if cap == config.max_batch else config.capped(cap),
-                        fetcher=fetcher,
-                        prefetched=following.pop(tenant_id, None),
-                        tables=tables,
-                        read_ahead=ReadAhead(own=until_idle, then=then),
-                    )
-                except Exception as error:
-                    if on_error is None or is_transient(error):
-                        raise
-                    failed.add(tenant_id)
-                    on_error(tenant_id, error)
-                    continue
-                if result.next_batch is not None:
-                    following[result.next_tenant] = result.next_batch
-                # The pass keeps the result, not the batch read ahead: the passes would
-                # otherwise pin every batch of the backlog until the drain ends.
-                result.next_batch = None
-                current.batches.append(result)
-                if on_batch is not None:
-                    on_batch(result)
-                governor.observed(result.ops)
-                if result.ops >= RELEASE_AFTER_OPS:
-                    release_memory()
-            idle = not current.progressed
-            if not idle or poll_seconds is None or not passes:
-                passes.append(current)
-            if on_pass is not None:
-                on_pass(current)
-            if max_seconds is not None and time.monotonic() - started >= max_seconds:
-                break
-            # A batch below the lag limit that changes nothing neither commits nor refuses anew,
-            # so a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
-            if not until_idle or (idle and poll_seconds is None):
-                break
-            if poll_seconds is not None:
-                # At most one pass per poll_seconds: a trickle of ops makes passes of a few ops
-                # each, which cost nearly as much as full ones (a standing run spinning on them
-                # took a core at 200 ops/s); waiting the rest of the interval batches them.
-                now = time.monotonic()
-                rest = min(poll_seconds - (now - pass_started), max_seconds - (now - started))
-                if rest > 0:
-                    time.sleep(rest)
+        passes = run.passes()
     except BaseException:
         # The fetcher's connection may be the one that was lost: closing it must not hide why.
-        if fetcher is not None:
-            with contextlib.suppress(Exception):
-                fetcher.close()
+        with contextlib.suppress(Exception):
+            run.close()
         raise
-    if fetcher is not None:
-        fetcher.close()
+    run.close()
     return passes
+
+
+class _Drain:
+    """One drain's state from pass to pass: the fetcher, the open tables, the batches read
+    ahead, the tenants that failed and the memory governor."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        lake: Lake,
+        tenants: list[str] | None,
+        policy: DrainPolicy,
+        observer: DrainObserver,
+    ):
+        self.conn, self.lake, self.tenants = conn, lake, tenants
+        self.policy, self.observer = policy, observer
+        self.config = policy.config
+        self.scope = frozenset(tenants).__contains__ if tenants else policy.owns
+        self.started = time.monotonic()
+        # One fetcher (one ADBC connection) for every tenant, made at the first batch: a
+        # connection per tenant would hold one Postgres connection per tenant of a shard for the
+        # whole run.
+        self.fetcher: Fetcher | None = None
+        self.ahead = _BatchesAhead()
+        self.failed: set[str] = set()
+        # The tenants' tables stay open from one pass to the next (brought up to date per batch).
+        self.tables = OpenTables(lake)
+        # Batches as large as the memory budget allows (ADR 0034), up to the configured cap.
+        self.governor = policy.governor or MemoryGovernor(self.config.memory_budget_mib or None)
+
+    def passes(self) -> list[DrainPass]:
+        passes: list[DrainPass] = []
+        for _ in range(self.policy.max_passes):
+            pass_started = time.monotonic()
+            current = self._one_pass()
+            idle = not current.progressed
+            if not idle or self.policy.poll_seconds is None or not passes:
+                passes.append(current)
+            self.observer.pass_ended(current)
+            if not self._goes_on(idle, pass_started):
+                break
+        return passes
+
+    def close(self) -> None:
+        if self.fetcher is not None:
+            self.fetcher.close()
+
+    def _one_pass(self) -> DrainPass:
+        cut = sequencer.sequence_for_batches(self.conn, self.config.max_batch)
+        current = DrainPass(cut, scope=self.scope)
+        # Each pending tenant's frontier (the frontier cache's), where its next batch starts:
+        # the targets, and where the tenant visited next is read ahead from; a drain of one
+        # named tenant needs neither.
+        pending: dict[str, int] = {}
+        if not self.tenants or len(self.tenants) > 1:
+            pending = {t: at for t, _, at in sequencer.pending_tenants(self.conn, self.tenants)}
+        targets = self._targets(pending)
+        self.ahead.keep_only(targets)
+        for k, tenant_id in enumerate(targets):
+            visited_next = targets[k + 1] if k + 1 < len(targets) else None
+            result = self._batch(tenant_id, self.ahead.then(visited_next, pending))
+            if result is None:
+                continue
+            current.batches.append(result)
+            self.observer.batch_ended(result)
+            self.governor.observed(result.ops)
+            if result.ops >= RELEASE_AFTER_OPS:
+                release_memory()
+        return current
+
+    def _targets(self, pending: dict[str, int]) -> list[str]:
+        """The tenants this pass visits, in order: the named ones, else the pending ones the
+        policy owns; less those the observer says are busy and those that failed."""
+        targets = self.tenants or list(pending)
+        if self.policy.owns is not None and not self.tenants:
+            targets = [t for t in targets if self.policy.owns(t)]
+        if targets:
+            busy = self.observer.busy_tenants()
+            targets = [t for t in targets if t not in busy]
+        return [t for t in targets if t not in self.failed]
+
+    def _batch(self, tenant_id: str, then: tuple[str, int] | None) -> BatchResult | None:
+        """One batch of the tenant; None when it failed and the observer lets the drain go on."""
+        self.fetcher = self.fetcher or Fetcher(self.conn)
+        cap = self.governor.cap(self.config.max_batch)
+        try:
+            result = drain_tenant(
+                self.conn,
+                self.lake,
+                tenant_id,
+                self.config if cap == self.config.max_batch else self.config.capped(cap),
+                fetcher=self.fetcher,
+                prefetched=self.ahead.take(tenant_id),
+                tables=self.tables,
+                read_ahead=ReadAhead(own=self.policy.until_idle, then=then),
+            )
+        except Exception as error:
+            if is_transient(error) or not self.observer.tenant_failed(tenant_id, error):
+                raise
+            self.failed.add(tenant_id)
+            return None
+        self.ahead.landed(result)
+        return result
+
+    def _goes_on(self, idle: bool, pass_started: float) -> bool:
+        """Whether another pass follows the one that started at `pass_started`; a polling drain
+        waits here for the rest of its interval."""
+        policy = self.policy
+        if policy.max_seconds is not None and time.monotonic() - self.started >= policy.max_seconds:
+            return False
+        # A batch below the lag limit that changes nothing neither commits nor refuses anew,
+        # so a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
+        if not policy.until_idle or (idle and policy.poll_seconds is None):
+            return False
+        if policy.poll_seconds is not None:
+            # At most one pass per poll_seconds: a trickle of ops makes passes of a few ops
+            # each, which cost nearly as much as full ones (a standing run spinning on them
+            # took a core at 200 ops/s); waiting the rest of the interval batches them.
+            now = time.monotonic()
+            rest = min(
+                policy.poll_seconds - (now - pass_started),
+                policy.max_seconds - (now - self.started),
+            )
+            if rest > 0:
+                time.sleep(rest)
+        return True
+
+
+class _BatchesAhead:
+    """The batches read ahead, at most one per tenant. While a batch commits, the fetcher's
+    thread reads the batch the drain needs next: the first of the tenant the pass visits next,
+    or after the pass's last tenant its own next one (until idle), so Postgres builds that batch
+    on the other core instead of the drain waiting for it."""
+
+    def __init__(self) -> None:
+        self.by_tenant: dict[str, Future[Batch]] = {}
+
+    def keep_only(self, targets: list[str]) -> None:
+        # A batch read ahead for a tenant this pass leaves alone is not kept for later.
+        self.by_tenant = {t: f for t, f in self.by_tenant.items() if t in targets}
+
+    def then(self, visited_next: str | None, pending: dict[str, int]) -> tuple[str, int] | None:
+        """Where the tenant visited next is read ahead from, unless it has a batch read ahead."""
+        if visited_next in pending and visited_next not in self.by_tenant:
+            return (visited_next, pending[visited_next])
+        return None
+
+    def take(self, tenant_id: str) -> Future[Batch] | None:
+        return self.by_tenant.pop(tenant_id, None)
+
+    def landed(self, result: BatchResult) -> None:
+        if result.next_batch is not None:
+            self.by_tenant[result.next_tenant] = result.next_batch
+        # The pass keeps the result, not the batch read ahead: the passes would otherwise pin
+        # every batch of the backlog until the drain ends.
+        result.next_batch = None
 
 
 def drain_riding_through(
@@ -198,56 +303,67 @@ def drain_riding_through(
     tenants: list[str] | None = None,
     *,
     retry: RetryPolicy,
-    on_retry: Callable[[Fault, int, float], None] | None = None,
-    on_pass: Callable[[DrainPass], None] | None = None,
-    on_batch: Callable[[BatchResult], None] | None = None,
-    max_seconds: float | None = None,
-    poll_seconds: float | None = None,
-    **options,
+    policy: DrainPolicy | None = None,
+    observer: DrainObserver | None = None,
 ) -> list[DrainPass]:
     """`drain` over a connection from `connect()`, riding through transient faults (ADR 0045): a
     lost PostgreSQL session or an object-store fault ends the try, and after a jittered backoff
-    a new try opens a new connection and fresh tables and drains on from what the lake and
-    Postgres record. A try cut short by a fault whose outcome is unknown (a commit PUT reset
-    after the store applied it) is safe to repeat: each table's txn version fences its commits,
-    so the next try skips what landed. A try that committed a batch restarts the streak;
-    `retry` bounds a streak, past which TransientFaultsOutlasted propagates. `max_seconds`
-    counts from the first try. The passes returned are every completed pass of every try (idle
-    passes after the first dropped in a standing drain, as `drain` does)."""
+    (`observer.retrying` told of it first) a new try opens a new connection and fresh tables and
+    drains on from what the lake and Postgres record. A try cut short by a fault whose outcome
+    is unknown (a commit PUT reset after the store applied it) is safe to repeat: each table's
+    txn version fences its commits, so the next try skips what landed. A try that committed a
+    batch restarts the streak; `retry` bounds a streak, past which TransientFaultsOutlasted
+    propagates. `policy.max_seconds` counts from the first try. The passes returned are every
+    completed pass of every try (idle passes after the first dropped in a standing drain, as
+    `drain` does)."""
+    policy = policy or DrainPolicy()
+    riding = _RidingThrough(observer or DrainObserver(), policy)
     started = time.monotonic()
-    passes: list[DrainPass] = []
-    moved = [False]  # whether a batch committed or refused since the last fault
-
-    def landed(current: DrainPass) -> None:
-        if current.progressed or poll_seconds is None or not passes:
-            passes.append(current)
-        if on_pass is not None:
-            on_pass(current)
-
-    def batch_ended(result: BatchResult) -> None:
-        moved[0] |= bool(result.committed or result.refused)
-        if on_batch is not None:
-            on_batch(result)
 
     def attempt() -> None:
-        left = None
-        if max_seconds is not None:
-            left = max(0.0, max_seconds - (time.monotonic() - started))
+        left = policy.max_seconds
+        if left is not None:
+            left = max(0.0, left - (time.monotonic() - started))
         with connect() as conn:
             drain(
                 conn,
                 lake,
                 tenants,
-                max_seconds=left,
-                poll_seconds=poll_seconds,
-                on_pass=landed,
-                on_batch=batch_ended,
-                **options,
+                policy=dataclasses.replace(policy, max_seconds=left),
+                observer=riding,
             )
 
-    def progressed() -> bool:
-        got_somewhere, moved[0] = moved[0], False
-        return got_somewhere
+    retrying(attempt, retry, on_retry=riding.retrying, progressed=riding.progressed)
+    return riding.passes
 
-    retrying(attempt, retry, on_retry=on_retry, progressed=progressed)
-    return passes
+
+class _RidingThrough(DrainObserver):
+    """The caller's observer, as every try of `drain_riding_through` tells it, keeping the
+    passes of every try and whether a batch moved since the last fault."""
+
+    def __init__(self, caller: DrainObserver, policy: DrainPolicy):
+        self.caller, self.policy = caller, policy
+        self.passes: list[DrainPass] = []
+        self.moved = False  # whether a batch committed or refused since the last fault
+
+    def busy_tenants(self) -> Collection[str]:
+        return self.caller.busy_tenants()
+
+    def batch_ended(self, result: BatchResult) -> None:
+        self.moved |= bool(result.committed or result.refused)
+        self.caller.batch_ended(result)
+
+    def pass_ended(self, drained: DrainPass) -> None:
+        if drained.progressed or self.policy.poll_seconds is None or not self.passes:
+            self.passes.append(drained)
+        self.caller.pass_ended(drained)
+
+    def tenant_failed(self, tenant_id: str, error: Exception) -> bool:
+        return self.caller.tenant_failed(tenant_id, error)
+
+    def retrying(self, fault: Fault, failures: int, wait: float) -> None:
+        self.caller.retrying(fault, failures, wait)
+
+    def progressed(self) -> bool:
+        got_somewhere, self.moved = self.moved, False
+        return got_somewhere
