@@ -28,12 +28,12 @@ import psycopg
 import pyarrow as pa
 from deltalake import write_deltalake
 
+from oml_dagster import from_settings
 from oml_dagster.lake import sequencer
 from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.memory import release_memory, resident_mib
 from oml_dagster.lake.storage import Lake
 from oml_dagster.lake.tables import BRONZE_EVENTS, writer_properties
-from oml_dagster.lake.writer import WriterConfig
 from oml_dagster.simulate import producer
 
 try:
@@ -128,10 +128,11 @@ def main() -> None:
         import adbc_driver_postgresql.dbapi  # noqa: F401
 
         with tempfile.TemporaryDirectory() as tmp:
+            # The writer's settings read as the product reads them (ADR 0052), the cap over them.
             config = (
-                WriterConfig()
+                from_settings.writer_config()
                 if args.max_batch is None
-                else WriterConfig(max_batch=args.max_batch, txn_lag_limit=args.max_batch // 2)
+                else from_settings.writer_config(args.max_batch, args.max_batch // 2)
             )
             lake = Lake(os.path.join(tmp, "oml-lake"))
             started = time.perf_counter()

@@ -18,7 +18,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from . import analytics_cli, maintenance_cli
+from . import analytics_cli, from_settings, maintenance_cli
 from .lake import db, deadletter, sequencer
 from .lake.doctor import (
     DEFAULT_LAG_LIMIT,
@@ -31,19 +31,18 @@ from .lake.doctor import (
 from .lake.drain import DrainObserver, DrainPass, DrainPolicy, drain_riding_through
 from .lake.erasure import APPLIED
 from .lake.faults import Fault, RetryPolicy, describe, retrying
-from .lake.policy import erasure_cadence, lag, resolve_tenants
+from .lake.policy import lag, resolve_tenants
 from .lake.reconcile import reconcile
-from .lake.storage import Lake
 from .lake.writer import COMMITS, BatchResult, WriterConfig
 from .output import OutputClosed
 from .output import out as _print
 from .panics import native_panics_filtered, terminal_stderr
-from .settings import DEBUG, WRITER_PASSWORD, retry_bounds, writer_batch
+from .settings import DEBUG, WRITER_PASSWORD
 from .simulate.cli import register as register_simulate
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         applied = db.upgrade(conn)
         for role in args.writer_role or []:
             db.create_writer_role(conn, role, WRITER_PASSWORD.read())
@@ -72,7 +71,7 @@ def _report_cut(report: sequencer.SequencerReport) -> None:
 
 
 def cmd_sequence(args: argparse.Namespace) -> int:
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         report = sequencer.sequence(conn)
     _report_cut(report)
     if not report.tenants:
@@ -83,18 +82,16 @@ def cmd_sequence(args: argparse.Namespace) -> int:
 def _writer_config(max_batch: int | None) -> WriterConfig:
     """The batch settings of OML_MAX_BATCH and OML_TXN_LAG_LIMIT (as the Dagster resource takes
     them), `--max-batch` over the first."""
-    default_batch, lag_limit = writer_batch()
-    return WriterConfig.for_batch(max_batch or default_batch, lag_limit)
+    return from_settings.writer_config(max_batch)
 
 
 def _cadence(hours: float | None) -> dt.timedelta:
-    return dt.timedelta(hours=hours) if hours is not None else erasure_cadence()
+    return dt.timedelta(hours=hours) if hours is not None else from_settings.erasure_cadence()
 
 
 def retry_policy() -> RetryPolicy:
     """The bound of a streak of transient faults, from OML_RETRY_ATTEMPTS / OML_RETRY_SECONDS."""
-    attempts, seconds = retry_bounds()
-    return RetryPolicy(attempts=attempts, seconds=seconds)
+    return from_settings.retry_policy()
 
 
 def _retrying(fault: Fault, failures: int, wait: float) -> None:
@@ -173,19 +170,19 @@ class _DrainPrinted(DrainObserver):
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    lake = Lake.from_env()
+    lake = from_settings.lake()
     config = _writer_config(args.max_batch)
     retry = retry_policy()
     tenants = None
     if args.tenant:  # an unknown tenant is refused before anything is sequenced or written
-        with db.connect(autocommit=True) as conn:
+        with from_settings.connect() as conn:
             tenants = resolve_tenants(conn, args.tenant)
 
     printed = _DrainPrinted()
     try:
         with _terminate_as_interrupt():
             passes = drain_riding_through(
-                lambda: db.connect(autocommit=True),
+                lambda: from_settings.connect(),
                 lake,
                 tenants,
                 retry=retry,
@@ -210,7 +207,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     # The closing lag is what the lake and PostgreSQL say now, not what this process drained:
     # another writer may have drained on meanwhile. It rides through faults as the drain does.
     def closing_lags() -> list[tuple[str, int, float, int]]:
-        with db.connect(autocommit=True) as conn:
+        with from_settings.connect() as conn:
             return [
                 (tenant_id, *lag(conn, tenant_id, through), through)
                 for tenant_id in sorted(printed.drained)
@@ -237,10 +234,10 @@ def _tenants(conn, named: list[str] | None) -> list[str]:
 def cmd_erasure_evidence(args: argparse.Namespace) -> int:
     """Exit 1 unless the SLO holds for every tenant: a breach, or an erasure at risk (which waits
     on an operator), is what `doctor` reports too, from the same verdict."""
-    lake = Lake.from_env()
+    lake = from_settings.lake()
     cadence = _cadence(args.cadence_hours)
     unwell = False
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         for tenant_id in _tenants(conn, args.tenant):
             verdict = erasure_verdict(conn, lake, tenant_id, cadence=cadence)
             evidence, per_artifact = verdict.evidence, verdict.artifacts
@@ -296,9 +293,9 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    lake = Lake.from_env()
+    lake = from_settings.lake()
     found = False
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         for tenant_id in _tenants(conn, args.tenant):
             result = reconcile(conn, lake, tenant_id)
             found |= not result.ok
@@ -319,11 +316,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    lake = Lake.from_env()
+    lake = from_settings.lake()
     cadence = _cadence(args.cadence_hours)
     lag_limit = dt.timedelta(seconds=args.lag_seconds)
     unwell = False
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         for tenant_id in _tenants(conn, args.tenant):
             health = examine(conn, lake, tenant_id, cadence=cadence, lag_limit=lag_limit)
             unwell |= not health.healthy
@@ -343,7 +340,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_deadletter_list(args: argparse.Namespace) -> int:
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         (tenant_id,) = resolve_tenants(conn, [args.tenant]) if args.tenant else (None,)
         letters = deadletter.list_dead_letters(conn, tenant_id, include_requeued=args.all)
     for d in letters:
@@ -366,7 +363,7 @@ def _refusal(op: str, reason: str) -> str:
 
 
 def cmd_deadletter_resolve(args: argparse.Namespace) -> int:
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         when = deadletter.resolve(conn, args.seq, args.by, args.reason)
     _print(f"resolved dead letter {args.seq} at {when:%Y-%m-%dT%H:%M:%SZ} by {args.by.strip()}")
     return 0
@@ -374,7 +371,7 @@ def cmd_deadletter_resolve(args: argparse.Namespace) -> int:
 
 def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
     payload = json.loads(args.payload) if args.payload else None
-    with db.connect(autocommit=True) as conn:
+    with from_settings.connect() as conn:
         try:
             new_id = deadletter.requeue(conn, args.seq, args.by, payload)
         except deadletter.RequeueError as error:

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 import pytest
 from botocore.exceptions import ClientError
 
+from oml_dagster import from_settings
 from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.errors import UnsupportedObjectStore
 from oml_dagster.lake.storage import PROBE_PREFIX, Lake
@@ -178,7 +179,7 @@ def test_the_environment_configured_lake_is_refused_at_startup(
     for key, value in _lake(ignoring_store.endpoint, bucket).storage_options.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(UnsupportedObjectStore, match=f"{ignoring_store.endpoint} bucket {bucket}"):
-        Lake.from_env()
+        from_settings.lake()
 
 
 def test_a_store_that_honours_it_is_accepted_and_probed_once_per_store(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
+from oml_dagster import from_settings
 from oml_dagster.lake import analytics, storage
 from oml_dagster.lake.doctor import examine
 from oml_dagster.lake.drain import DrainPolicy, drain
@@ -260,7 +261,7 @@ def deploy(monkeypatch, store: IamStore, shared: dict[str, str], own_dir: Path) 
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     monkeypatch.delenv("OML_LAKE_STORAGE_OPTIONS", raising=False)
-    return Lake.from_env()
+    return from_settings.lake()
 
 
 def own_file(own_dir: Path, tenant_id: str, credentials: dict[str, str]) -> Path:
