@@ -295,9 +295,8 @@ def test_each_tenant_is_written_and_read_with_its_own_credentials_only(
     for tenant_id in (A, B):
         mixed_workload(conn, producer.create_tenant(conn, tenant_id))
 
-    drain(
-        conn, lake, [A, B], policy=DrainPolicy(until_idle=True)
-    )  # one drain, one set of open tables, both
+    # One drain, one set of open tables, both tenants.
+    drain(conn, lake, [A, B], policy=DrainPolicy(until_idle=True))
 
     assert any("/_delta_log/" in k for k in store.keys(f"oml-lake/{A}/"))
     assert any("/_delta_log/" in k for k in store.keys(f"oml-lake/{B}/"))
