@@ -31,8 +31,8 @@ import psycopg
 
 import oml_dagster  # noqa: F401  (delta-rs's allocator set up as in the product)
 from oml_dagster.lake import db
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import producer
 
 if __package__ is None or __package__ == "":  # run as a script: the repository's root first

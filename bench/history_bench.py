@@ -46,11 +46,12 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import PostCommitHookProperties
 
-from oml_dagster.lake import deltalog, storage, writer
+from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS, CHECKPOINT_INTERVAL
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
-from oml_dagster.lake.storage import Lake, OpenTables
-from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, CHECKPOINT_INTERVAL
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.store import deltalog, storage
+from oml_dagster.lake.store.storage import Lake, OpenTables
+from oml_dagster.lake.write import writer
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import LAKE_URI, lake_storage_options
 
 if __package__ is None or __package__ == "":  # run as a script: the repository's root first

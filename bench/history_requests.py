@@ -32,11 +32,11 @@ import uuid
 
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from oml_dagster.lake import storage
+from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
-from oml_dagster.lake.storage import Lake, OpenTables
-from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.store import storage
+from oml_dagster.lake.store.storage import Lake, OpenTables
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import LAKE_URI, lake_storage_options
 
 if __package__ is None or __package__ == "":  # run as a script: the repository's root first

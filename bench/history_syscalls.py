@@ -35,7 +35,7 @@ import re
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import PostCommitHookProperties
 
-from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS
+from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS
 
 try:
     from bench.history_bench import TENANT, cheap_appends, measured_commit
@@ -51,10 +51,10 @@ def mark(phase: str) -> None:
 
 
 def build(root: str, versions: int) -> str:
+    from oml_dagster.lake.model.tables import BRONZE_EVENTS as spec
     from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
-    from oml_dagster.lake.storage import Lake
-    from oml_dagster.lake.tables import BRONZE_EVENTS as spec
-    from oml_dagster.lake.writer import WriterConfig
+    from oml_dagster.lake.store.storage import Lake
+    from oml_dagster.lake.write.writer import WriterConfig
 
     lake = Lake(root)
     configuration = spec.configuration(int(DEFAULT_ERASURE_BOUND.total_seconds()))
@@ -164,7 +164,7 @@ def main() -> None:
     if args.command == "build":
         print(build(args.root, args.versions))
     elif args.command == "phases":
-        from oml_dagster.lake.storage import Lake
+        from oml_dagster.lake.store.storage import Lake
 
         uri = Lake(args.root).table_uri(TENANT, BRONZE_EVENTS)
         if args.only:

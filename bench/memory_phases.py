@@ -49,8 +49,9 @@ _WRITER_STAGES = {
 def _tagged_drain(max_batch: int) -> dict:
     """Drain in this process with every stage tagged; the readings per batch."""
     from oml_dagster import cli
-    from oml_dagster.lake import drain, sequencer, writer
-    from oml_dagster.lake.memory import resident_mib
+    from oml_dagster.lake.ingest import sequencer
+    from oml_dagster.lake.write import drain, writer
+    from oml_dagster.lake.write.memory import resident_mib
 
     stage, batch = ["drain loop"], [0]
     readings: list[tuple[float, float, str, int]] = []

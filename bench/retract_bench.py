@@ -43,11 +43,12 @@ import psycopg
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from oml_dagster.lake import maintenance, sequencer
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.model.tables import CORE_TABLES, SILVER_CLAIMS, TIMESTAMP, writer_properties
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
-from oml_dagster.lake.storage import Lake, query, sql_in
-from oml_dagster.lake.tables import CORE_TABLES, SILVER_CLAIMS, TIMESTAMP, writer_properties
-from oml_dagster.lake.writer import drain_tenant
+from oml_dagster.lake.store import maintenance
+from oml_dagster.lake.store.storage import Lake, query, sql_in
+from oml_dagster.lake.write.writer import drain_tenant
 from oml_dagster.simulate import producer
 
 try:

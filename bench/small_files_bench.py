@@ -23,11 +23,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._support import fresh_database, machine  # noqa: E402
-from oml_dagster.lake import rewrites  # noqa: E402
-from oml_dagster.lake.drain import DrainObserver, DrainPass, DrainPolicy, drain  # noqa: E402
 from oml_dagster.lake.policy import known_tenants  # noqa: E402
-from oml_dagster.lake.storage import Lake, tenant_tables  # noqa: E402
-from oml_dagster.lake.writer import WriterConfig  # noqa: E402
+from oml_dagster.lake.store import rewrites  # noqa: E402
+from oml_dagster.lake.store.storage import Lake, tenant_tables  # noqa: E402
+from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain  # noqa: E402
+from oml_dagster.lake.write.writer import WriterConfig  # noqa: E402
 from oml_dagster.simulate.runner import RunConfig, run  # noqa: E402
 from oml_dagster.simulate.workload import WorkloadConfig  # noqa: E402
 

@@ -27,11 +27,11 @@ from typing import Any
 import duckdb
 import psycopg
 
+from oml_dagster.lake import analytics
+from oml_dagster.lake.policy import resolve_tenants
 from oml_dagster.settings import PG_DSN
 
 from . import from_settings
-from .lake import analytics
-from .lake.policy import resolve_tenants
 from .output import out as _print
 
 

@@ -2,7 +2,11 @@
 OML_LAKE_STORAGE_OPTIONS, OML_MAX_BATCH, OML_TXN_LAG_LIMIT, OML_RETRY_ATTEMPTS,
 OML_RETRY_SECONDS, OML_ERASURE_CADENCE_SECONDS and the rest of `oml_dagster.settings` (the
 README's settings table). An error ends a command with one line naming the cause, the object and
-the remedy, and an exit code of its class (README "Exit codes"); `--debug` adds the traceback."""
+the remedy, and an exit code of its class (README "Exit codes"); `--debug` adds the traceback.
+
+Why one file (554 lines): the parser of every `oml-lake` command and the one-line error and exit-code
+handling they share; each command's body is a short function that calls the core.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +22,8 @@ import sys
 import traceback
 from typing import NoReturn
 
-from . import analytics_cli, from_settings, maintenance_cli
-from .lake import db, deadletter, sequencer
-from .lake.doctor import (
+from oml_dagster.lake import db
+from oml_dagster.lake.audit.doctor import (
     DEFAULT_LAG_LIMIT,
     HOLDS,
     drained_through,
@@ -28,12 +31,16 @@ from .lake.doctor import (
     examine,
     lost_tables,
 )
-from .lake.drain import DrainObserver, DrainPass, DrainPolicy, drain_riding_through
-from .lake.erasure import APPLIED
-from .lake.faults import Fault, RetryPolicy, describe, retrying
-from .lake.policy import lag, resolve_tenants
-from .lake.reconcile import reconcile
-from .lake.writer import COMMITS, BatchResult, WriterConfig
+from oml_dagster.lake.audit.erasure import APPLIED
+from oml_dagster.lake.audit.reconcile import reconcile
+from oml_dagster.lake.faults import Fault, RetryPolicy, describe, retrying
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.policy import lag, resolve_tenants
+from oml_dagster.lake.write import deadletter
+from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain_riding_through
+from oml_dagster.lake.write.writer import COMMITS, BatchResult, WriterConfig
+
+from . import analytics_cli, from_settings, maintenance_cli
 from .output import OutputClosed
 from .output import out as _print
 from .panics import native_panics_filtered, terminal_stderr

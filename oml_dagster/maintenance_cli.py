@@ -1,5 +1,5 @@
 """`oml-lake maintain {compact,zorder,checkpoint,vacuum,all} [--tenant T ...]`: the maintenance of
-`oml_dagster.lake.maintenance` from the command line, printing what each table had rewritten,
+`oml_dagster.lake.store.maintenance` from the command line, printing what each table had rewritten,
 removed and kept. Without --tenant it runs for every tenant the sequencer or the policy table
 knows. Run it only where no drain of the same tenant runs at the same time (the Dagster jobs
 get that from the per-tenant run limit)."""
@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 
+from oml_dagster.lake.audit.doctor import lost_tables
+from oml_dagster.lake.policy import resolve_tenants
+from oml_dagster.lake.store import maintenance
+
 from . import from_settings
-from .lake import maintenance
-from .lake.doctor import lost_tables
-from .lake.policy import resolve_tenants
 from .output import out as _print
 
 

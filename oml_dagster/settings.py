@@ -13,6 +13,9 @@ The `AWS_*` variables the lake's storage options take (`AWS_PASSTHROUGH`) follow
 botocore's own conventions; they are passed through as they are. The README's settings table is
 generated from `SETTINGS` (`python -m oml_dagster.settings`) and a test keeps the two the same.
 This module does not import Dagster.
+
+Why one file (581 lines): every `OML_*` variable is declared here and nowhere else, so one file is the
+list the README's table is generated from.
 """
 
 from __future__ import annotations

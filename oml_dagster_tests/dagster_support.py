@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
-from oml_dagster.lake.storage import Lake, tenant_tables
+from oml_dagster.lake.store.storage import Lake, tenant_tables
 from oml_dagster.simulate import acts, producer
 
 from .conftest import ADMIN_DSN

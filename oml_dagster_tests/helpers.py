@@ -9,15 +9,15 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from oml_dagster.lake.drain import DrainPass, DrainPolicy, drain
-from oml_dagster.lake.fetch import Fetcher
-from oml_dagster.lake.tables import (
+from oml_dagster.lake.ingest.fetch import Fetcher
+from oml_dagster.lake.model.tables import (
     BRONZE_EVENTS,
     GOLD_AREAS,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
     writer_properties,
 )
+from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain
 from oml_dagster.simulate import acts
 from oml_dagster_tests.conftest import by_key, table_rows
 from oml_testbed.workloads import (  # noqa: F401  (the tests import them from here)

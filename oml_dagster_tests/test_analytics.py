@@ -18,10 +18,10 @@ from dagster import AssetKey
 from oml_dagster import cli
 from oml_dagster.defs.analytics import ANALYTICS_KEYS
 from oml_dagster.lake import analytics
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.storage import Lake, tenant_tables
-from oml_dagster.lake.tables import GOLD_AREAS, SILVER_CLAIMS
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.model.tables import GOLD_AREAS, SILVER_CLAIMS
+from oml_dagster.lake.store.storage import Lake, tenant_tables
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.runner import run
 from oml_dagster.simulate.workload import WorkloadConfig

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from oml_dagster import cli
 from oml_dagster.lake import analytics
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.tables import GOLD_AREAS
+from oml_dagster.lake.model.tables import GOLD_AREAS
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.runner import run
 from oml_dagster.simulate.workload import WorkloadConfig

@@ -12,10 +12,10 @@ from dagster import AssetKey
 from oml_dagster.defs.checks import LAKE_CHECK_KEYS
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import WriterResource
-from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import acts
 
 from .conftest import table_rows
@@ -224,7 +224,7 @@ def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):
     assert AssetKey(["silver", "claims"]) in {e.asset_key for e in evaluations}
 
     # An operator resolves the dead letter for good: the check passes and shows who and why.
-    from oml_dagster.lake import deadletter
+    from oml_dagster.lake.write import deadletter
 
     (letter,) = deadletter.list_dead_letters(conn, work.tenant_id)
     deadletter.resolve(conn, letter.seq, "ana", "forged promotion, rejected")

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake.bronze import (
+from oml_dagster.lake.ingest.bronze import (
     _B64,
     _INSTANT,
     JSON_TEXT,

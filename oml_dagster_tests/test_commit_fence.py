@@ -12,11 +12,9 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from oml_dagster.lake import sequencer, writer
-from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.errors import InconsistentFrontier
-from oml_dagster.lake.storage import Lake, OpenTables, app_txn
-from oml_dagster.lake.tables import (
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.model.tables import (
     APP_ID,
     BRONZE_EVENTS,
     CORE_TABLES,
@@ -26,7 +24,10 @@ from oml_dagster.lake.tables import (
     SILVER_CLAIMS,
     TableId,
 )
-from oml_dagster.lake.writer import COMMITTED, SKIPPED, UNCHANGED, WriterConfig, drain_tenant
+from oml_dagster.lake.store.storage import Lake, OpenTables, app_txn
+from oml_dagster.lake.write import writer
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import COMMITTED, SKIPPED, UNCHANGED, WriterConfig, drain_tenant
 from oml_dagster.simulate import acts
 from oml_dagster_tests.helpers import (
     LakeView,

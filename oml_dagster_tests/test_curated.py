@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.simulate import acts
 from oml_dagster_tests.conftest import by_key, curated_rows
 from oml_dagster_tests.helpers import LakeView, dead_letters, drain_all, make_tree, new_id, promoted

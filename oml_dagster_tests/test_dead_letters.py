@@ -8,8 +8,8 @@ import shutil
 import psycopg
 import pytest
 
-from oml_dagster.lake import deadletter
-from oml_dagster.lake.drain import DrainPolicy, drain
+from oml_dagster.lake.write import deadletter
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.producer import Act, Event, commit_acts
 from oml_dagster_tests.helpers import LakeView, dead_letters, drain_all, make_tree, new_id, promoted

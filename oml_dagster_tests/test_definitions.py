@@ -117,7 +117,7 @@ def test_asset_graph_is_pinned(repo):
 
 
 def test_lake_tables_show_their_columns_with_the_spec_meaning(repo):
-    from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS
+    from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
 
     for path, spec in (("silver/claims", SILVER_CLAIMS), ("gold/curated", GOLD_CURATED)):
         metadata = repo.asset_graph.get(key(path)).metadata

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from oml_dagster.lake import deltalog
-from oml_dagster.lake.deltalog import CHECKPOINT, CHECKSUM, COMMIT, COMPACTED, LogFile
-from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.store import deltalog
+from oml_dagster.lake.store.deltalog import CHECKPOINT, CHECKSUM, COMMIT, COMPACTED, LogFile
+from oml_dagster.lake.store.storage import Lake
 from oml_dagster_tests.helpers import split_checkpoint
 
 V = f"{7:020d}"

@@ -10,9 +10,9 @@ import json
 import time
 
 from oml_dagster import cli
-from oml_dagster.lake import sequencer
-from oml_dagster.lake.doctor import examine
-from oml_dagster.lake.tables import SILVER_CLAIMS
+from oml_dagster.lake.audit.doctor import examine
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.model.tables import SILVER_CLAIMS
 from oml_dagster.simulate import acts, producer
 
 from .helpers import claim, drain_all, make_tree

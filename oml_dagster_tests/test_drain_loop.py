@@ -11,14 +11,14 @@ import weakref
 import pyarrow as pa
 import pytest
 
-from oml_dagster.lake import drain as drain_loop
-from oml_dagster.lake import sequencer
-from oml_dagster.lake.catalog import Op
-from oml_dagster.lake.drain import DrainObserver, DrainPass, DrainPolicy, drain
 from oml_dagster.lake.errors import RefusedOp
-from oml_dagster.lake.fetch import Fetcher
-from oml_dagster.lake.memory import release_memory
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.ingest.fetch import Fetcher
+from oml_dagster.lake.model.catalog import Op
+from oml_dagster.lake.write import drain as drain_loop
+from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain
+from oml_dagster.lake.write.memory import release_memory
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import acts, producer
 
 from .dagster_support import more_acts, seed_tenant

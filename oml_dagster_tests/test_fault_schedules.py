@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake.drain import DrainPolicy, drain, drain_riding_through
 from oml_dagster.lake.faults import RetryPolicy
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.write.drain import DrainPolicy, drain, drain_riding_through
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import producer
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
 from oml_dagster_tests.test_commit_fence import mixed_workload

@@ -22,8 +22,8 @@ import psycopg
 import pytest
 
 from oml_dagster.lake import db
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.storage import Lake
+from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import producer
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
 from oml_dagster_tests.test_commit_fence import mixed_workload

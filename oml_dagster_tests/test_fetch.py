@@ -14,10 +14,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake import catalog, queries, sequencer, tables
-from oml_dagster.lake.bronze import checked_events, cleared_events
+from oml_dagster.lake import queries
 from oml_dagster.lake.errors import RefusedOp
-from oml_dagster.lake.fetch import Fetcher
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.ingest.bronze import checked_events, cleared_events
+from oml_dagster.lake.ingest.fetch import Fetcher
+from oml_dagster.lake.model import catalog, tables
 from oml_dagster.simulate import producer
 
 B32 = base64.b64encode(bytes(range(32))).decode()

@@ -39,8 +39,8 @@ from oml_dagster.defs.freshness import (
 from oml_dagster.defs.jobs import LAKE_ASSET_KEYS
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from oml_dagster.defs.resources import build_resources
-from oml_dagster.lake import sequencer
-from oml_dagster.lake.freshness import tenant_lags
+from oml_dagster.lake.audit.freshness import tenant_lags
+from oml_dagster.lake.ingest import sequencer
 from oml_dagster.simulate import producer
 
 from .dagster_support import (

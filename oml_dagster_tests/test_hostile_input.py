@@ -13,14 +13,14 @@ import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from oml_dagster.lake import sequencer
-from oml_dagster.lake.deadletter import requeue
-from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.errors import BatchTimeout, ConflictingCommit
-from oml_dagster.lake.storage import read_rows
-from oml_dagster.lake.tables import APP_ID, GOLD_AREAS, GOLD_LINEAGE, TableSpec
-from oml_dagster.lake.watchdog import Watchdog
-from oml_dagster.lake.writer import WriterConfig, drain_tenant
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.model.tables import APP_ID, GOLD_AREAS, GOLD_LINEAGE, TableSpec
+from oml_dagster.lake.store.storage import read_rows
+from oml_dagster.lake.write.deadletter import requeue
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.watchdog import Watchdog
+from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.conftest import curated_rows
 from oml_dagster_tests.helpers import (

@@ -9,11 +9,11 @@ import threading
 
 import psycopg
 
-from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.tables import GOLD_LINEAGE, SILVER_CLAIMS
-from oml_dagster.lake.writer import WriterConfig, drain_tenant
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.model.tables import GOLD_LINEAGE, SILVER_CLAIMS
+from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts
 from oml_dagster_tests.helpers import (
     LakeView,
@@ -139,8 +139,8 @@ def test_a_merge_narrowed_to_the_rows_boxes_finds_a_reassigned_claim_where_it_wa
 
 
 def test_the_target_filter_names_where_the_table_holds_each_updated_row():
-    from oml_dagster.lake.tables import KeyedWork
-    from oml_dagster.lake.writer import MOST_TARGET_BOXES, _target_filter
+    from oml_dagster.lake.model.tables import KeyedWork
+    from oml_dagster.lake.write.writer import MOST_TARGET_BOXES, _target_filter
 
     work = KeyedWork(SILVER_CLAIMS, txn=0)
     held = {"artifact_id": "a1", "version": 1, "workarea_id": "w-old", "applied_seq": 1}

@@ -12,11 +12,11 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
-from oml_dagster.lake import drain as drain_loop
-from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.writer import drain_tenant
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.write import drain as drain_loop
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import drain_tenant
 
 from .dagster_support import (
     BIN,

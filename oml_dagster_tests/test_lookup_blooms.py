@@ -12,9 +12,9 @@ import uuid
 import pyarrow as pa
 from deltalake import QueryBuilder, write_deltalake
 
-from oml_dagster.lake import maintenance
-from oml_dagster.lake.storage import read_rows, sql_in, tenant_tables
-from oml_dagster.lake.tables import GOLD_CURATED, SILVER_CLAIMS, writer_properties
+from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS, writer_properties
+from oml_dagster.lake.store import maintenance
+from oml_dagster.lake.store.storage import read_rows, sql_in, tenant_tables
 from oml_dagster_tests.helpers import column_chunks
 from oml_dagster_tests.test_maintenance import small_batches
 from oml_dagster_tests.test_rewrite_file_size import append_claims

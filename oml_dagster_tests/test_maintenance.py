@@ -31,11 +31,12 @@ from oml_dagster import cli
 from oml_dagster.defs import maintenance as maintenance_defs
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from oml_dagster.defs.resources import DeploymentSettings, LakeResource, PostgresResource
-from oml_dagster.lake import deltalog, maintenance, rewrites, sequencer
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.storage import Lake, read_rows, tenant_tables
-from oml_dagster.lake.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
-from oml_dagster.lake.writer import WriterConfig, drain_tenant
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.store import deltalog, maintenance, rewrites
+from oml_dagster.lake.store.storage import Lake, read_rows, tenant_tables
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.conformance._support import footer_stats
 from oml_dagster_tests.dagster_support import table_versions
@@ -189,7 +190,7 @@ def test_a_packing_that_loses_a_race_is_left_for_later(conn, lake, tenant, dsn, 
     rows: delta-rs 1.6 lets both through)."""
     import psycopg
 
-    from oml_dagster.lake import writer
+    from oml_dagster.lake.write import writer
 
     monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 3)
     raced: list[str] = []

@@ -13,11 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import oml_dagster
-from oml_dagster.lake import memory, sequencer
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.memory import MemoryGovernor, next_cap
-from oml_dagster.lake.tables import SILVER_CLAIMS
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.model.tables import SILVER_CLAIMS
+from oml_dagster.lake.write import memory
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.memory import MemoryGovernor, next_cap
+from oml_dagster.lake.write.writer import WriterConfig
 
 from .conftest import table_rows
 from .dagster_support import more_acts, seed_tenant
@@ -68,7 +69,7 @@ import gc, json, os, sys, tempfile, time
 import oml_dagster  # sets delta-rs's allocator up, as in every process of ours
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from oml_dagster.lake.memory import resident_mib
+from oml_dagster.lake.write.memory import resident_mib
 
 n = 1_000_000
 data = pa.table({"k": pa.array(range(n)), "b": pa.array([os.urandom(100) for _ in range(n)])})

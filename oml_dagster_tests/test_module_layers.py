@@ -11,27 +11,44 @@ LAKE = Path(__file__).resolve().parents[1] / "oml_dagster" / "lake"
 DEEPEST = 4
 
 
+def _module_name(path: Path) -> str:
+    """A core module's name inside `oml_dagster.lake`, dotted: `errors`, `write.writer`."""
+    return ".".join(path.relative_to(LAKE).with_suffix("").parts)
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of `oml_dagster.lake` it imports (anywhere in its source)."""
-    modules = {p.stem for p in LAKE.glob("*.py") if p.stem != "__init__"}
+    """Module -> the modules of `oml_dagster.lake` it imports (anywhere in its source), each by
+    its dotted name inside the core (`store.storage`)."""
+    paths = {
+        _module_name(p): p
+        for p in LAKE.rglob("*.py")
+        if p.stem != "__init__" and "migrations" not in p.parts
+    }
     graph: dict[str, set[str]] = {}
-    for name in modules:
+    for name, path in paths.items():
         found: set[str] = set()
-        for node in ast.walk(ast.parse((LAKE / f"{name}.py").read_text())):
-            if isinstance(node, ast.ImportFrom):
-                if node.level == 1:
-                    parts = (node.module or "").split(".")
-                    found.update([parts[0]] if node.module else [a.name for a in node.names])
-                elif node.level == 0 and (node.module or "").startswith("oml_dagster.lake"):
-                    rest = node.module.split(".")[2:]
-                    found.update(rest[:1] or [a.name for a in node.names])
+        for node in ast.walk(ast.parse(path.read_text())):
+            named: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                module = node.module or ""
+                named = [module, *(f"{module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    parts = alias.name.split(".")
-                    if parts[:2] == ["oml_dagster", "lake"] and len(parts) > 2:
-                        found.add(parts[2])
-        graph[name] = (found & modules) - {name}
+                named = [alias.name for alias in node.names]
+            for dotted in named:
+                parts = dotted.split(".")
+                if parts[:2] == ["oml_dagster", "lake"]:
+                    found.add(".".join(parts[2:]))
+        graph[name] = (found & set(paths)) - {name}
     return graph
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Stage -> the stages it imports: a module at the core's top is a stage of its own."""
+    stages: dict[str, set[str]] = {}
+    for name, imported in import_graph().items():
+        stage = name.split(".")[0]
+        stages.setdefault(stage, set()).update(m.split(".")[0] for m in imported)
+    return {stage: found - {stage} for stage, found in stages.items()}
 
 
 def longest_chains(graph: dict[str, set[str]]) -> dict[str, list[str]]:
@@ -45,10 +62,10 @@ def longest_chains(graph: dict[str, set[str]]) -> dict[str, list[str]]:
 
 def test_the_graph_is_read_from_the_source():
     graph = import_graph()
-    assert {"errors", "tables", "storage", "policy", "deltalog"} <= set(graph)
-    assert graph["erasure"] >= {"deltalog", "policy", "storage"}
-    assert "writer" not in graph["maintenance"] | graph["erasure"]
-    assert "maintenance" not in graph["erasure"]
+    assert {"errors", "model.tables", "store.storage", "policy", "store.deltalog"} <= set(graph)
+    assert graph["audit.erasure"] >= {"store.deltalog", "policy", "store.storage"}
+    assert "write.writer" not in graph["store.maintenance"] | graph["audit.erasure"]
+    assert "store.maintenance" not in graph["audit.erasure"]
 
 
 def test_no_import_chain_inside_the_core_is_deeper_than_four_modules():
@@ -57,17 +74,37 @@ def test_no_import_chain_inside_the_core_is_deeper_than_four_modules():
     assert deeper == {}
 
 
+def test_the_stages_import_each_other_without_a_cycle():
+    """ingest, model, store, write, audit and the modules at the core's top (ADR 0053): no
+    stage imports one that imports it back, however far round."""
+    stages = package_graph()
+    assert {"ingest", "model", "store", "write", "audit"} <= set(stages)
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in stages.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    assert {s for s in stages if s in reaches(s)} == set()
+    # The writer and the audit are the top floors: nothing else in the core imports them.
+    assert not [s for s, found in stages.items() if found & {"write", "audit"} and s != "audit"]
+
+
 def test_the_op_catalog_sits_on_the_table_declarations_and_the_errors_only():
     # The writer and the reconciler both fold through the catalog; anything it imported would add
     # a floor under each of them.
-    assert import_graph()["catalog"] == {"errors", "tables"}
+    assert import_graph()["model.catalog"] == {"errors", "model.tables"}
 
 
 def test_maintenance_and_erasure_sit_on_the_log_and_policy_modules_only():
     chains = longest_chains(import_graph())
-    assert len(chains["maintenance"]) <= 3 and len(chains["erasure"]) <= 3
+    assert len(chains["store.maintenance"]) <= 3 and len(chains["audit.erasure"]) <= 3
     # policy sits on the statements and the errors only (both leaves).
-    assert len(chains["deltalog"]) == 1 and len(chains["policy"]) == 2
+    assert len(chains["store.deltalog"]) == 1 and len(chains["policy"]) == 2
 
 
 def test_the_statements_module_imports_nothing_of_the_core():
@@ -81,7 +118,7 @@ SETTING_ERRORS = LAKE.parent / "setting_errors.py"
 # The functions of the core that may read the environment, and why: object_store reads
 # AWS_CONDITIONAL_PUT / AWS_S3_ALLOW_UNSAFE_RENAME from it whatever the options say, and delta-rs
 # falls back to the AWS_* variables; both check what the library will see (comments there).
-ENVIRONMENT_READERS = {("storage", "_unsafe_candidates"), ("storage", "_option")}
+ENVIRONMENT_READERS = {("store/storage", "_unsafe_candidates"), ("store/storage", "_option")}
 
 
 def _imported(tree: ast.AST, package: str = "") -> set[str]:
@@ -136,7 +173,9 @@ def test_the_core_reads_no_settings_and_no_environment():
     assert imports == {}, "the core takes its settings passed down (oml_dagster.from_settings)"
     assert reads == {}, "the core reads no environment; read it at the edge and pass it down"
     # The exceptions are still where they are said to be (a rename must update the list).
-    storage = {f for f, _ in _environment_reads(ast.parse((LAKE / "storage.py").read_text()))}
+    storage = {
+        f for f, _ in _environment_reads(ast.parse((LAKE / "store" / "storage.py").read_text()))
+    }
     assert {f for _, f in ENVIRONMENT_READERS} <= storage
 
 

@@ -9,8 +9,8 @@ import shutil
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from oml_dagster.lake.storage import Lake, OpenTables
-from oml_dagster.lake.tables import APP_ID
+from oml_dagster.lake.model.tables import APP_ID
+from oml_dagster.lake.store.storage import Lake, OpenTables
 
 ROWS = pa.table({"n": pa.array([1], pa.int64())})
 

@@ -21,9 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oml_dagster import cli
-from oml_dagster.lake import deadletter
-from oml_dagster.lake.doctor import span
-from oml_dagster.lake.tables import SILVER_CLAIMS
+from oml_dagster.lake.audit.doctor import span
+from oml_dagster.lake.model.tables import SILVER_CLAIMS
+from oml_dagster.lake.write import deadletter
 from oml_dagster.simulate import acts, producer
 from oml_dagster.simulate.producer import Act, Event, commit_acts
 
@@ -340,7 +340,7 @@ def test_the_help_cites_no_missing_document(capsys):
 
 
 def test_log_cleanup_without_a_checkpoint_says_so():
-    from oml_dagster.lake.maintenance import LOG_CLEANUP, MaintenanceResult
+    from oml_dagster.lake.store.maintenance import LOG_CLEANUP, MaintenanceResult
 
     result = MaintenanceResult(new_id(), "silver.claims", LOG_CLEANUP, "unchanged", "log files")
     line = result.describe()

@@ -16,11 +16,9 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from oml_dagster.lake import reconcile as rc
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.reconcile import reconcile
-from oml_dagster.lake.storage import Lake, read_rows
-from oml_dagster.lake.tables import (
+from oml_dagster.lake.audit import reconcile as rc
+from oml_dagster.lake.audit.reconcile import reconcile
+from oml_dagster.lake.model.tables import (
     BRONZE_EVENTS,
     GOLD_AREAS,
     GOLD_CURATED,
@@ -28,7 +26,9 @@ from oml_dagster.lake.tables import (
     SILVER_CLAIMS,
     TableSpec,
 )
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.store.storage import Lake, read_rows
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import acts
 from oml_dagster.simulate.runner import RunConfig, run
 from oml_dagster.simulate.workload import WorkloadConfig
@@ -355,7 +355,7 @@ def test_the_reconciler_and_the_erasure_evidence_in_dagster_per_partition(
 
     from oml_dagster.defs.checks import ERASURE_EVIDENCE, LAKE_CHECK_KEYS
     from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
-    from oml_dagster.lake import sequencer
+    from oml_dagster.lake.ingest import sequencer
 
     work = seed_tenant(conn, bad=False)
     sequencer.sequence(conn)
@@ -397,8 +397,8 @@ def test_the_reconciler_and_the_erasure_evidence_in_dagster_per_partition(
 def test_a_batch_half_committed_before_a_crash_is_no_row_finding(conn, lake, clean):
     """Tables at different txn versions (a writer died between commits) are each compared with
     the fold as of their own version; only the frontier cache, not yet refreshed, is behind."""
-    from oml_dagster.lake import sequencer
-    from oml_dagster.lake.writer import drain_tenant
+    from oml_dagster.lake.ingest import sequencer
+    from oml_dagster.lake.write.writer import drain_tenant
 
     class Crash(Exception):
         pass
@@ -449,7 +449,7 @@ def test_an_op_applied_without_a_verdict_the_catalog_now_refuses(conn, lake):
 
 @pytest.mark.s3
 def test_the_reconciler_and_the_evidence_on_an_s3_lake(conn, s3_lake):
-    from oml_dagster.lake.erasure import erased_artifacts
+    from oml_dagster.lake.audit.erasure import erased_artifacts
 
     work = seed_tenant(conn, bad=False)
     target = work.claims[0]

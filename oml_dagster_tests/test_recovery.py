@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from oml_dagster.lake.drain import DrainObserver, DrainPass, DrainPolicy, drain
 from oml_dagster.lake.errors import LostCuratedTable
-from oml_dagster.lake.storage import tenant_tables
-from oml_dagster.lake.tables import CORE_TABLES, GOLD_CURATED
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.model.tables import CORE_TABLES, GOLD_CURATED
+from oml_dagster.lake.store.storage import tenant_tables
+from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster_tests.conftest import table_rows
 from oml_dagster_tests.helpers import lake_snapshot
 from oml_dagster_tests.test_commit_fence import mixed_workload
@@ -20,7 +20,7 @@ SMALL = WriterConfig(max_batch=9, txn_lag_limit=4)
 
 
 def _validated_area(lake, tenant_id) -> str:
-    from oml_dagster.lake.tables import GOLD_AREAS
+    from oml_dagster.lake.model.tables import GOLD_AREAS
 
     (area,) = [a for a in table_rows(lake, tenant_id, GOLD_AREAS) if a["status"] == "validated"]
     return area["workarea_id"]

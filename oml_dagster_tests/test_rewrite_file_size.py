@@ -10,14 +10,14 @@ import uuid
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from oml_dagster.lake import maintenance, rewrites
-from oml_dagster.lake.storage import read_rows, tenant_tables
-from oml_dagster.lake.tables import (
+from oml_dagster.lake.model.tables import (
     CORE_TABLES,
     GOLD_CURATED,
     REWRITE_TARGET_FILE_SIZE,
     SILVER_CLAIMS,
 )
+from oml_dagster.lake.store import maintenance, rewrites
+from oml_dagster.lake.store.storage import read_rows, tenant_tables
 from oml_dagster.simulate import acts
 from oml_dagster_tests.helpers import drain_all, new_id
 from oml_dagster_tests.test_maintenance import commit_actions, small_batches

@@ -16,8 +16,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from oml_dagster.lake import queries
-from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.queries import CROSS_ROLE, TENANT_ROLE, cross_scope, tenant_scope
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import producer
 from oml_dagster.simulate.producer import Act, Event, commit_acts
 
@@ -169,7 +169,7 @@ def test_the_commands_run_under_the_writer_role(writer_dsn, conn, dsn, lake, tmp
     assert len(listed) == 2 and all(f"tenant {k.tenant_id} " in everyone.stdout for k in made)
 
     # The same outbox drained by the owner (no scope can hide a row from it) into another lake.
-    from oml_dagster.lake.storage import Lake
+    from oml_dagster.lake.store.storage import Lake
 
     reference = Lake(str(tmp_path / "reference"))
     drain(conn, reference, [k.tenant_id for k in made], policy=DrainPolicy(until_idle=True))
@@ -182,7 +182,7 @@ def test_a_sensor_tick_and_its_runs_work_under_the_writer_role(
 ):
     """The code location as deployed: the sensor's cut and pending list (cross-tenant) and a
     lake-writer run with its checks (per tenant), all over the writer role's DSN."""
-    from oml_dagster.lake.reconcile import DEAD_LETTERS, reconcile
+    from oml_dagster.lake.audit.reconcile import DEAD_LETTERS, reconcile
 
     from .dagster_support import materialize_partition, seed_tenant
     from .test_sensor import requested, tick

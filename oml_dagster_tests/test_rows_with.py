@@ -14,7 +14,8 @@ from deltalake import ColumnProperties, WriterProperties, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake.storage import (
+from oml_dagster.lake.model.tables import BRONZE_EVENTS, GOLD_LINEAGE, writer_properties
+from oml_dagster.lake.store.storage import (
     FileKeys,
     Lake,
     may_hold,
@@ -22,7 +23,6 @@ from oml_dagster.lake.storage import (
     read_rows,
     rows_with,
 )
-from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_LINEAGE, writer_properties
 from oml_dagster_tests.helpers import merge_rows
 
 

@@ -8,9 +8,9 @@ import threading
 import psycopg
 import pytest
 
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.storage import FileKeys
-from oml_dagster.lake.writer import WriterConfig, drain_tenant
+from oml_dagster.lake.store.storage import FileKeys
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
 from oml_dagster_tests.test_commit_fence import mixed_workload
 

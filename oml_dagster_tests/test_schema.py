@@ -11,8 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from oml_dagster.lake import queries, tables
-from oml_dagster.lake.tables import (
+from oml_dagster.lake import queries
+from oml_dagster.lake.model import tables
+from oml_dagster.lake.model.tables import (
     BRONZE_EVENTS,
     GOLD_AREAS,
     GOLD_CURATED,
@@ -127,7 +128,7 @@ def test_the_spec_parses_to_every_column():
 
 
 def test_the_column_file_holds_the_spec_rows_verbatim():
-    ours = (ROOT / "oml_dagster" / "lake" / "columns.tsv").read_text(encoding="utf-8")
+    ours = (ROOT / "oml_dagster" / "lake" / "model" / "columns.tsv").read_text(encoding="utf-8")
     assert _rows_by_heading(ours) == _rows_by_heading(SPEC.read_text())
 
 

@@ -20,9 +20,9 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import build_resources
-from oml_dagster.lake import sequencer
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.writer import WriterConfig, drain_tenant
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import producer
 
 from .dagster_support import delete_tenant_prefix, more_acts, seed_tenant

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from oml_dagster.lake import queries, sequencer
+from oml_dagster.lake import queries
+from oml_dagster.lake.ingest import sequencer
 from oml_dagster.simulate import producer
 from oml_dagster.simulate.producer import Act, Event, commit_acts
 

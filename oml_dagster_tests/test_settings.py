@@ -13,7 +13,7 @@ from oml_dagster import cli, from_settings, settings
 from oml_dagster.defs.resources import DeploymentSettings, WriterResource
 from oml_dagster.lake import errors
 from oml_dagster.lake.faults import EXIT_PERMANENT, classify
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import InvalidSetting
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake import writer
-from oml_dagster.lake.storage import Lake, read_rows
-from oml_dagster.lake.tables import SILVER_CLAIMS, writer_properties
+from oml_dagster.lake.model.tables import SILVER_CLAIMS, writer_properties
+from oml_dagster.lake.store.storage import Lake, read_rows
+from oml_dagster.lake.write import writer
 from oml_dagster_tests.helpers import merge_rows
 
 SIMS = ["sim-a", "sim-b", "sim-c"]

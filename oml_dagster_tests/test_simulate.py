@@ -11,8 +11,8 @@ from collections import defaultdict
 import psycopg
 
 from oml_dagster import cli
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.tables import BRONZE_EVENTS, GOLD_AREAS, SILVER_CLAIMS
+from oml_dagster.lake.model.tables import BRONZE_EVENTS, GOLD_AREAS, SILVER_CLAIMS
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import verify
 from oml_dagster.simulate.faults import FAULT_KEY, FAULTS
 from oml_dagster.simulate.runner import RunConfig, run

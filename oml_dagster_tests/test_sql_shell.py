@@ -17,7 +17,7 @@ import pytest
 
 from oml_dagster import cli
 from oml_dagster.lake import analytics
-from oml_dagster.lake.tables import SILVER_CLAIMS
+from oml_dagster.lake.model.tables import SILVER_CLAIMS
 from oml_dagster.simulate import acts, producer
 
 from .dagster_support import BIN, subprocess_env

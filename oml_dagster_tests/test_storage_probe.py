@@ -18,10 +18,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from oml_dagster import from_settings
-from oml_dagster.lake.drain import DrainPolicy, drain
 from oml_dagster.lake.errors import UnsupportedObjectStore
-from oml_dagster.lake.storage import PROBE_PREFIX, Lake
-from oml_dagster.lake.tables import CORE_TABLES, SILVER_CLAIMS
+from oml_dagster.lake.model.tables import CORE_TABLES, SILVER_CLAIMS
+from oml_dagster.lake.store.storage import PROBE_PREFIX, Lake
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster_tests.helpers import LakeView, make_tree, promoted
 from oml_testbed.s3_server import new_bucket, s3_client, store_options
 

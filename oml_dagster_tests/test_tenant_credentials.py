@@ -15,16 +15,17 @@ import pytest
 from botocore.exceptions import ClientError
 
 from oml_dagster import from_settings
-from oml_dagster.lake import analytics, storage
-from oml_dagster.lake.doctor import examine
-from oml_dagster.lake.drain import DrainPolicy, drain
-from oml_dagster.lake.erasure import erasure_evidence
+from oml_dagster.lake import analytics
+from oml_dagster.lake.audit.doctor import examine
+from oml_dagster.lake.audit.erasure import erasure_evidence
+from oml_dagster.lake.audit.reconcile import reconcile
 from oml_dagster.lake.errors import CrossTenantAccess, InvalidSetting, TenantCredentialsRefused
 from oml_dagster.lake.faults import EXIT_PERMANENT, describe
-from oml_dagster.lake.maintenance import maintain
-from oml_dagster.lake.reconcile import reconcile
-from oml_dagster.lake.storage import Lake, layered
-from oml_dagster.lake.tables import BRONZE_EVENTS
+from oml_dagster.lake.model.tables import BRONZE_EVENTS
+from oml_dagster.lake.store import storage
+from oml_dagster.lake.store.maintenance import maintain
+from oml_dagster.lake.store.storage import Lake, layered
+from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.settings import TenantStorageReferences
 from oml_dagster.simulate import producer
 from oml_dagster_tests.test_commit_fence import mixed_workload

@@ -21,8 +21,8 @@ from typing import Any
 import dagster as dg
 
 from oml_dagster.lake import analytics
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.tables import DEMOTED, ERASED, HELD, PROMOTED
+from oml_dagster.lake.model.tables import DEMOTED, ERASED, HELD, PROMOTED
+from oml_dagster.lake.store.storage import Lake
 
 from .assets import AREAS, BRONZE, CURATED, LINEAGE, OUTBOX, SILVER, TABLE_OF
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions

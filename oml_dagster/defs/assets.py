@@ -25,13 +25,9 @@ from dagster import (
     multi_asset,
 )
 
-from oml_dagster.lake import deadletter, queries
-from oml_dagster.lake.drain import DrainPass, DrainPolicy, drain_riding_through
-from oml_dagster.lake.freshness import tenant_lag
-from oml_dagster.lake.policy import lag
-from oml_dagster.lake.queries import tenant_scope
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.tables import (
+from oml_dagster.lake import queries
+from oml_dagster.lake.audit.freshness import tenant_lag
+from oml_dagster.lake.model.tables import (
     BRONZE_EVENTS,
     GOLD_AREAS,
     GOLD_CURATED,
@@ -40,7 +36,12 @@ from oml_dagster.lake.tables import (
     TableId,
     TableSpec,
 )
-from oml_dagster.lake.writer import COMMITS, BatchResult, TableOutcome
+from oml_dagster.lake.policy import lag
+from oml_dagster.lake.queries import tenant_scope
+from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.write import deadletter
+from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain_riding_through
+from oml_dagster.lake.write.writer import COMMITS, BatchResult, TableOutcome
 
 from .failures import RunDrainObserver, failing_clearly, with_retry
 from .partitions import tenant_partitions

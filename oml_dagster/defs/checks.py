@@ -22,10 +22,10 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from oml_dagster.lake import deadletter
-from oml_dagster.lake import reconcile as rc
-from oml_dagster.lake.doctor import AT_RISK, HOLDS, erasure_verdict
-from oml_dagster.lake.erasure import erased_artifacts
+from oml_dagster.lake.audit import reconcile as rc
+from oml_dagster.lake.audit.doctor import AT_RISK, HOLDS, erasure_verdict
+from oml_dagster.lake.audit.erasure import erased_artifacts
+from oml_dagster.lake.write import deadletter
 
 from .assets import CURATED, OUTBOX, SILVER, TABLE_OF
 from .jobs import ERASURE_EVIDENCE

@@ -10,8 +10,8 @@ from typing import TypeVar
 
 from dagster import Failure, OpExecutionContext
 
-from oml_dagster.lake.drain import DrainObserver
 from oml_dagster.lake.faults import Fault, RetryPolicy, describe, retrying
+from oml_dagster.lake.write.drain import DrainObserver
 
 T = TypeVar("T")
 

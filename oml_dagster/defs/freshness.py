@@ -57,7 +57,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from dagster._core.event_api import PartitionKeyFilter
 
-from oml_dagster.lake.freshness import TenantLag, tenant_lags
+from oml_dagster.lake.audit.freshness import TenantLag, tenant_lags
 from oml_dagster.settings import FRESHNESS_BOUND_SECONDS, FRESHNESS_INTERVAL_SECONDS
 
 from .assets import AREAS, BRONZE, LINEAGE, OUTBOX, SILVER

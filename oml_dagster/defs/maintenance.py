@@ -1,4 +1,4 @@
-"""Maintenance jobs and their schedules: a thin layer over `oml_dagster.lake.maintenance`.
+"""Maintenance jobs and their schedules: a thin layer over `oml_dagster.lake.store.maintenance`.
 
 Every job is partitioned by tenant (`tenant_partitions`), so each run carries the
 `dagster/partition` tag that the run queue's per-tenant limit keys on: maintenance of a tenant
@@ -31,8 +31,8 @@ from dagster import (
     op,
 )
 
-from oml_dagster.lake import maintenance
-from oml_dagster.lake.maintenance import MaintenanceResult
+from oml_dagster.lake.store import maintenance
+from oml_dagster.lake.store.maintenance import MaintenanceResult
 
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from .resources import DeploymentSettings, LakeResource, PostgresResource, settings

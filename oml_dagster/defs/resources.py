@@ -13,8 +13,8 @@ from dagster import ConfigurableResource
 from oml_dagster import from_settings
 from oml_dagster.lake import db
 from oml_dagster.lake.faults import RetryPolicy
-from oml_dagster.lake.storage import Lake
-from oml_dagster.lake.writer import WriterConfig
+from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import (
     ANALYTICS_CRON,
     COMPACT_CRON,

@@ -26,7 +26,8 @@ from dagster import (
     sensor,
 )
 
-from oml_dagster.lake import queries, sequencer
+from oml_dagster.lake import queries
+from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.policy import known_tenants
 from oml_dagster.lake.queries import cross_scope
 

@@ -32,9 +32,9 @@ from dagster import (
     op,
 )
 
-from oml_dagster.lake.drain import DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.faults import describe
-from oml_dagster.lake.writer import BatchResult
+from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain_riding_through
+from oml_dagster.lake.write.writer import BatchResult
 
 from .assets import TABLE_OF, run_metadata
 from .failures import RunDrainObserver, failing_clearly, with_retry

@@ -13,6 +13,10 @@ replaced by '_'>`; a table that does not exist yet is an empty table of the spec
 every question has an answer. Locked down (`lockdown=True`, what the SQL shell uses), the
 connection can read files only under the tenant's prefix, cannot change its configuration, and
 `run_query` accepts only queries over those views (`RefusedQuery` otherwise).
+
+Why one file (769 lines): every analytics read and the SQL shell go through the same DuckDB connection
+and its per-tenant sandbox (allowed directories, external access off, configuration locked);
+keeping them together keeps every query inside that sandbox.
 """
 
 from __future__ import annotations
@@ -30,11 +34,18 @@ import duckdb
 import psycopg
 import pyarrow as pa
 
-from . import queries
-from .errors import LakeError
-from .queries import tenant_scope
-from .storage import Lake, tenant_tables
-from .tables import APP_ID, CORE_TABLES, GOLD_CURATED, TableId, TableSpec, area_descendants
+from oml_dagster.lake import queries
+from oml_dagster.lake.errors import LakeError
+from oml_dagster.lake.model.tables import (
+    APP_ID,
+    CORE_TABLES,
+    GOLD_CURATED,
+    TableId,
+    TableSpec,
+    area_descendants,
+)
+from oml_dagster.lake.queries import tenant_scope
+from oml_dagster.lake.store.storage import Lake, tenant_tables
 
 # View name of each core table in a tenant's DuckDB connection.
 VIEW_OF: dict[str, str] = {spec.name: spec.name.replace(".", "_") for spec in CORE_TABLES}

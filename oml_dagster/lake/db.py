@@ -10,7 +10,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from . import queries
+from oml_dagster.lake import queries
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 

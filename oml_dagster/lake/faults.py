@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from .errors import (
+from oml_dagster.lake.errors import (
     BatchTimeout,
     ConflictingCommit,
     InvalidSetting,

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import psycopg
 
-from . import queries
-from .errors import UnknownTenant
-from .queries import cross_scope, tenant_scope
+from oml_dagster.lake import queries
+from oml_dagster.lake.errors import UnknownTenant
+from oml_dagster.lake.queries import cross_scope, tenant_scope
 
 # A tenant without a policy row gets this bound (oml.tenant_policy's own default).
 DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)

@@ -32,8 +32,9 @@ import psycopg
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ..lake import catalog
-from ..lake.errors import RefusedOp
+from oml_dagster.lake.errors import RefusedOp
+from oml_dagster.lake.model import catalog
+
 from .producer import GENESIS_HASH, open_body
 
 MAX_ERRORS = 50

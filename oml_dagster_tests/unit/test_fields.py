@@ -7,8 +7,8 @@ import datetime as dt
 
 import pytest
 
-from oml_dagster.lake import catalog as f
 from oml_dagster.lake.errors import RefusedOp
+from oml_dagster.lake.model import catalog as f
 
 
 def test_instants_are_microsecond_utc():

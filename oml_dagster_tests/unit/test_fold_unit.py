@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oml_dagster.lake import catalog
 from oml_dagster.lake.errors import RefusedOp
-from oml_dagster.lake.tables import (
+from oml_dagster.lake.model import catalog
+from oml_dagster.lake.model.tables import (
     GOLD_AREAS,
     GOLD_LINEAGE,
     SILVER_CLAIMS,

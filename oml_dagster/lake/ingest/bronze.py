@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pybase64
 
-from .queries import EVENT_FIELDS
-from .tables import BRONZE_EVENTS, PROVENANCES
+from oml_dagster.lake.model.tables import BRONZE_EVENTS, PROVENANCES
+from oml_dagster.lake.queries import EVENT_FIELDS
 
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _POSITIVE = r"^[1-9][0-9]{0,17}$"

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from . import sequencer
-from .faults import Fault, RetryPolicy, is_transient, retrying
-from .fetch import Batch, Fetcher
-from .memory import MemoryGovernor, release_memory
-from .sequencer import SequencerReport
-from .storage import Lake, OpenTables
-from .writer import BatchResult, ReadAhead, WriterConfig, drain_tenant
+from oml_dagster.lake.faults import Fault, RetryPolicy, is_transient, retrying
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.ingest.fetch import Batch, Fetcher
+from oml_dagster.lake.ingest.sequencer import SequencerReport
+from oml_dagster.lake.store.storage import Lake, OpenTables
+from oml_dagster.lake.write.memory import MemoryGovernor, release_memory
+from oml_dagster.lake.write.writer import BatchResult, ReadAhead, WriterConfig, drain_tenant
 
 # After a tenant batch of this many ops the drain hands the memory the batch freed back to the
 # system (`release_memory`): a full batch's Python objects and buffers are hundreds of MiB.

@@ -9,6 +9,10 @@ written to be harmless on a table that already holds the op's effect.
 
 `fold` runs the three over a sequence of ops: the one fold the writer commits and the
 reconciler compares (ADR 0050).
+
+Why one file (1074 lines): the catalog is one table of rules. Every op's fields, check and effect sit side
+by side because the rules refer to each other (a retract after a promote, a held reassign, an
+erase of a retracted claim); split by op, those cross-op rules would be read across files.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import RefusedOp
-from .tables import (
+from oml_dagster.lake.errors import RefusedOp
+from oml_dagster.lake.model.tables import (
     AREA_STATUSES,
     BODY_REFS,
     CLAIM_STATES,

@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from . import queries
-from .errors import RequeueError
-from .queries import cross_scope, tenant_scope
+from oml_dagster.lake import queries
+from oml_dagster.lake.errors import RequeueError
+from oml_dagster.lake.queries import cross_scope, tenant_scope
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,13 @@ reading tables. Object stores without conditional put are refused: by the option
 off, and by a probe of the store itself before the first table is opened (decision 0017), once
 per credential set. A tenant's tables are opened with the tenant's own credentials when it has
 a reference to them, the shared set otherwise (`Lake.for_tenant`, decision 0048): every open
-under a tenant's prefix goes through that one resolution."""
+under a tenant's prefix goes through that one resolution.
+
+Why one file (741 lines): everything that opens a tenant's tables goes through `Lake` (layout, the
+tenant's credentials, the conditional-put probe) and `OpenTables`; the lookups at the end
+(`FileKeys`, `rows_with`) read those same handles. They are the next to move out if it grows
+(ADR 0053).
+"""
 
 from __future__ import annotations
 
@@ -29,14 +35,14 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
-from . import deltalog
-from .errors import (
+from oml_dagster.lake.errors import (
     CrossTenantAccess,
     InvalidSetting,
     TenantCredentialsRefused,
     UnsupportedObjectStore,
 )
-from .tables import APP_ID, GOLD_CURATED, TableId, TableSpec
+from oml_dagster.lake.model.tables import APP_ID, GOLD_CURATED, TableId, TableSpec
+from oml_dagster.lake.store import deltalog
 
 # Options naming each way a store can be told to commit without put-if-absent.
 _UNSAFE_OPTIONS = {
@@ -724,7 +730,7 @@ def conform(data: pa.Table, spec: TableSpec) -> pa.Table:
 def tenant_tables(lake: Lake, tenant_id: str) -> list[tuple[str, TableSpec, str]]:
     """Every existing table of a tenant as (name, spec, uri): the four core tables and one
     curated table per validated workarea (found through gold.areas)."""
-    from .tables import CORE_TABLES, GOLD_AREAS
+    from oml_dagster.lake.model.tables import CORE_TABLES, GOLD_AREAS
 
     found = []
     for spec in CORE_TABLES:

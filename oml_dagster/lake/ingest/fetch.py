@@ -21,7 +21,13 @@ from dataclasses import dataclass
 import psycopg
 import pyarrow as pa
 
-from .queries import BATCH_SQL, FETCH_WORK_MEM, SCOPE_NUMBERED, TENANT_ROLE, tenant_text
+from oml_dagster.lake.queries import (
+    BATCH_SQL,
+    FETCH_WORK_MEM,
+    SCOPE_NUMBERED,
+    TENANT_ROLE,
+    tenant_text,
+)
 
 
 @dataclass

@@ -16,6 +16,10 @@ How a batch is cut and folded:
   before silver or areas record a batch past its validation.
 - A commit that meets a concurrent one reloads the table and checks the skip rule again; rows
   are full final rows, so re-filtering them above the new txn version is all a retry needs.
+
+Why one file (907 lines): it is one tenant batch from fetch to frontier, and the commit protocol is an
+order (verdicts before any table commits, each table behind its txn fence, a reload after a
+conflict, the frontier last; ADR 0001, 0002) that is read top to bottom in one place.
 """
 
 from __future__ import annotations
@@ -40,22 +44,19 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import catalog, deadletter, queries
-from .bronze import checked_events, cleared_events
-from .catalog import Op
-from .errors import (
+from oml_dagster.lake import queries
+from oml_dagster.lake.errors import (
     ConflictingCommit,
     InconsistentFrontier,
     LostCuratedTable,
     RefusedOp,
     VerdictConflict,
 )
-from .fetch import Batch, Fetcher
-from .policy import erasure_bound
-from .queries import tenant_scope
-from .rewrites import compact_small_files
-from .storage import FileKeys, Lake, OpenTables, app_txn, may_hold, query, sql_text
-from .tables import (
+from oml_dagster.lake.ingest.bronze import checked_events, cleared_events
+from oml_dagster.lake.ingest.fetch import Batch, Fetcher
+from oml_dagster.lake.model import catalog
+from oml_dagster.lake.model.catalog import Op
+from oml_dagster.lake.model.tables import (
     APP_ID,
     BRONZE_EVENTS,
     CORE_TABLES,
@@ -70,7 +71,20 @@ from .tables import (
     TenantState,
     writer_properties,
 )
-from .watchdog import Watchdog
+from oml_dagster.lake.policy import erasure_bound
+from oml_dagster.lake.queries import tenant_scope
+from oml_dagster.lake.store.rewrites import compact_small_files
+from oml_dagster.lake.store.storage import (
+    FileKeys,
+    Lake,
+    OpenTables,
+    app_txn,
+    may_hold,
+    query,
+    sql_text,
+)
+from oml_dagster.lake.write import deadletter
+from oml_dagster.lake.write.watchdog import Watchdog
 
 
 @dataclass(frozen=True)

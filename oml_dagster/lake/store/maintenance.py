@@ -25,6 +25,10 @@ What this module decides:
   tenant alone while such a run holds it. Rewrites (bin-pack, Z-order) also take the table's
   rewrite lock in Postgres (`rewrite_lock`), which the writer's packing on the way takes too:
   two OPTIMIZEs of the same files would both commit and double the rows (ADR 0033).
+
+Why one file (572 lines): the maintenance operations share one loop over a tenant's tables, one lock per
+table rewrite and one result record, and the erasure SLO reads their order (checkpoint,
+VACUUM, log cleanup) as a whole.
 """
 
 from __future__ import annotations
@@ -39,12 +43,12 @@ from typing import Literal
 import psycopg
 from deltalake import DeltaTable, PostCommitHookProperties
 
-from .deltalog import Listing, commit_name, list_files, live_files
-from .errors import MaintenanceDamage
-from .policy import erasure_bound
-from .rewrites import maintenance_commit, rewrite_lock
-from .storage import Lake, tenant_tables
-from .tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
+from oml_dagster.lake.errors import MaintenanceDamage
+from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
+from oml_dagster.lake.policy import erasure_bound
+from oml_dagster.lake.store.deltalog import Listing, commit_name, list_files, live_files
+from oml_dagster.lake.store.rewrites import maintenance_commit, rewrite_lock
+from oml_dagster.lake.store.storage import Lake, tenant_tables
 
 # One maintenance step on one table.
 Operation = Literal["compact", "zorder", "checkpoint", "vacuum", "log-cleanup", "properties"]

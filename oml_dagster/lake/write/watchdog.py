@@ -13,7 +13,7 @@ import threading
 import time
 from types import TracebackType
 
-from .errors import BatchTimeout
+from oml_dagster.lake.errors import BatchTimeout
 
 
 class _Expired(BaseException):

@@ -34,11 +34,12 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import deltalog, queries
-from .policy import DEFAULT_CADENCE, erasure_bound
-from .queries import tenant_scope
-from .storage import Lake, query, tenant_tables
-from .tables import GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake import queries
+from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.policy import DEFAULT_CADENCE, erasure_bound
+from oml_dagster.lake.queries import tenant_scope
+from oml_dagster.lake.store import deltalog
+from oml_dagster.lake.store.storage import Lake, query, tenant_tables
 
 
 @dataclass

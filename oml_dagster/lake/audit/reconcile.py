@@ -29,6 +29,10 @@ taken as they stand when the fold passes that table's txn version. The rows must
 table's, column for column. Bodies are compared by presence (the ciphertext is checked against
 its digest by `bodies_match_digests`): the fold knows a body is there when `oml.claim_bodies`
 still holds it, and cannot know when it was shredded since the drain.
+
+Why one file (785 lines): each check is a short function over the same snapshot of a tenant's lake, and
+the file's sections are the list of checks the README, `oml-lake reconcile` and the asset
+checks name.
 """
 
 from __future__ import annotations
@@ -46,11 +50,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from deltalake import DeltaTable
 
-from . import catalog, queries
-from .errors import RefusedOp
-from .queries import cross_scope, tenant_scope
-from .storage import Lake, read_rows, tenant_tables
-from .tables import (
+from oml_dagster.lake import queries
+from oml_dagster.lake.errors import RefusedOp
+from oml_dagster.lake.model import catalog
+from oml_dagster.lake.model.tables import (
     APP_ID,
     BRONZE_EVENTS,
     GOLD_AREAS,
@@ -62,7 +65,9 @@ from .tables import (
     TableSpec,
     TenantState,
 )
-from .tables import ERASED as ERASED_STATE
+from oml_dagster.lake.model.tables import ERASED as ERASED_STATE
+from oml_dagster.lake.queries import cross_scope, tenant_scope
+from oml_dagster.lake.store.storage import Lake, read_rows, tenant_tables
 
 GENESIS_HASH = bytes(32)
 SAMPLE = 5

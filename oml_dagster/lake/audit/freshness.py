@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from . import queries
-from .queries import cross_scope
+from oml_dagster.lake import queries
+from oml_dagster.lake.queries import cross_scope
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import psycopg
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
 
-from . import queries
-from .tables import TableSpec, writer_properties
+from oml_dagster.lake import queries
+from oml_dagster.lake.model.tables import TableSpec, writer_properties
 
 # Compaction on the way (ADR 0033): every SMALL_FILES_EVERY versions of a table the writer
 # commits to, the files below the table's target (its `target_file_size`, else

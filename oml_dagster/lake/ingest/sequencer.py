@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from . import queries
-from .queries import cross_scope
+from oml_dagster.lake import queries
+from oml_dagster.lake.queries import cross_scope
 
 
 def quotas(pending: dict[str, int], limit: int) -> dict[str, int]:

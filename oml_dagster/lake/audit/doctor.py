@@ -23,9 +23,8 @@ from typing import Any
 
 import psycopg
 
-from . import queries
-from .deltalog import last_checkpoint
-from .erasure import (
+from oml_dagster.lake import queries
+from oml_dagster.lake.audit.erasure import (
     DEAD_LETTERED,
     DEFAULT_CADENCE,
     ArtifactEvidence,
@@ -34,11 +33,12 @@ from .erasure import (
     erased_artifacts,
     erasure_evidence,
 )
-from .policy import lag
-from .queries import tenant_scope
-from .reconcile import reconcile
-from .storage import Lake, tenant_tables
-from .tables import APP_ID, CHECKPOINT_INTERVAL
+from oml_dagster.lake.audit.reconcile import reconcile
+from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL
+from oml_dagster.lake.policy import lag
+from oml_dagster.lake.queries import tenant_scope
+from oml_dagster.lake.store.deltalog import last_checkpoint
+from oml_dagster.lake.store.storage import Lake, tenant_tables
 
 DEFAULT_LAG_LIMIT = dt.timedelta(minutes=15)
 
