@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from oml_dagster.output import out as _print
+from oml_dagster.cli.output import out as _print
 
 from .. import from_settings
 from . import verify

@@ -9,7 +9,7 @@ import sys
 # A report as Rust's panic hook prints it with RUST_BACKTRACE=1, between two lines of ours.
 _SCRIPT = r"""
 import os, sys
-from oml_dagster.panics import native_panics_filtered
+from oml_dagster.cli.panics import native_panics_filtered
 with native_panics_filtered(sys.argv[1] == "on"):
     print("before", file=sys.stderr, flush=True)
     print("", file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ import sys
 import traceback
 from typing import NoReturn
 
+from oml_dagster import from_settings
 from oml_dagster.lake import db
 from oml_dagster.lake.audit.doctor import (
     DEFAULT_LAG_LIMIT,
@@ -39,13 +40,14 @@ from oml_dagster.lake.policy import lag, resolve_tenants
 from oml_dagster.lake.write import deadletter
 from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.write.writer import COMMITS, BatchResult, WriterConfig
+from oml_dagster.settings import DEBUG, WRITER_PASSWORD
+from oml_dagster.simulate.cli import register as register_simulate
 
-from . import analytics_cli, from_settings, maintenance_cli
+from . import analytics as analytics_cli
+from . import maintenance as maintenance_cli
 from .output import OutputClosed
 from .output import out as _print
 from .panics import native_panics_filtered, terminal_stderr
-from .settings import DEBUG, WRITER_PASSWORD
-from .simulate.cli import register as register_simulate
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -553,7 +555,3 @@ def entry() -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code or 0)
-
-
-if __name__ == "__main__":
-    entry()

@@ -27,11 +27,11 @@ from typing import Any
 import duckdb
 import psycopg
 
+from oml_dagster import from_settings
 from oml_dagster.lake import analytics
 from oml_dagster.lake.policy import resolve_tenants
 from oml_dagster.settings import PG_DSN
 
-from . import from_settings
 from .output import out as _print
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
+from oml_dagster import from_settings
 from oml_dagster.lake.audit.doctor import lost_tables
 from oml_dagster.lake.policy import resolve_tenants
 from oml_dagster.lake.store import maintenance
 
-from . import from_settings
 from .output import out as _print
 
 

@@ -1,0 +1,5 @@
+"""`python -m oml_dagster.cli`: the `oml-lake` command."""
+
+from oml_dagster.cli import entry
+
+entry()
