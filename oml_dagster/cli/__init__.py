@@ -41,13 +41,13 @@ from oml_dagster.lake.write import deadletter
 from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.write.writer import COMMITS, BatchResult, WriterConfig
 from oml_dagster.settings import DEBUG, WRITER_PASSWORD
-from oml_dagster.simulate.cli import register as register_simulate
 
 from . import analytics as analytics_cli
 from . import maintenance as maintenance_cli
 from .output import OutputClosed
 from .output import out as _print
 from .panics import native_panics_filtered, terminal_stderr
+from .simulate import register as register_simulate
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:

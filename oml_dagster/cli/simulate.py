@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from oml_dagster.cli.output import out as _print
+from oml_dagster import from_settings
+from oml_dagster.simulate import verify
+from oml_dagster.simulate.runner import RunConfig, RunReport, SimulationError, run
+from oml_dagster.simulate.workload import WorkloadConfig
 
-from .. import from_settings
-from . import verify
-from .runner import RunConfig, RunReport, SimulationError, run
-from .workload import WorkloadConfig
+from .output import out as _print
 
 _DESCRIPTION = """\
 Create tenants (api key, tenant policy), a workarea tree per tenant and a lifecycle per claim
