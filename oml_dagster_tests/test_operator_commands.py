@@ -263,7 +263,9 @@ def test_an_interrupted_drain_says_what_it_committed_and_a_rerun_resumes(
     assert code != 0 or len(batches) < 100, "the drain had finished before the signal came"
     assert code == 130, err_path.read_text()
     assert len(batches) >= 2, "each committed batch was reported as it landed"
-    (summary,) = err_path.read_text().strip().splitlines()
+    said = err_path.read_text().strip().splitlines()
+    assert len(said) == 1, said
+    (summary,) = said
     assert summary.startswith("oml-lake drain: interrupted after ")
     assert f"tenant {tenant.tenant_id} through seq " in summary
     through = int(summary.split(" through seq ")[1].split(".")[0])

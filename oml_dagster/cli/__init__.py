@@ -537,6 +537,11 @@ def entry() -> NoReturn:
     an active exception" (SIGABRT, exit -6; delta-io/delta-rs#2184): a scheduler would have
     counted a command that did all its work as failed. All work is done when `main` returns:
     every commit is in the lake, every connection closed. Output is flushed first (ADR 0042)."""
+    if not _debug_asked():
+        # psycopg warns on stderr when a transaction interrupted by Ctrl-C or SIGTERM cannot be
+        # rolled back ("error ignored in rollback"; the server rolls it back when the session
+        # ends): the command's own line already says what committed. --debug keeps it.
+        logging.getLogger("psycopg").setLevel(logging.ERROR)
     with native_panics_filtered(not _debug_asked()):
         try:
             code = main()
