@@ -152,3 +152,24 @@ def recorded_fetches(monkeypatch) -> list[tuple[str, int, str]]:
 
     monkeypatch.setattr(Fetcher, "fetch", recorded)
     return fetched
+
+
+def assert_exactly_once(conn, lake, tenants, reference: dict | None = None, note: str = "") -> None:
+    """Every journal event of each tenant in bronze once, and every table of each tenant equal
+    to `reference` (tenant -> `lake_snapshot`), or, without it, to a fault-free drain of the same
+    outbox into a lake of its own."""
+    if reference is None:
+        from oml_dagster.lake.store.storage import Lake
+        from oml_dagster.lake.write.drain import DrainPolicy
+
+        other = Lake(lake.root.rstrip("/") + "-reference", lake.storage_options)
+        drain(conn, other, [t.tenant_id for t in tenants], policy=DrainPolicy(until_idle=True))
+        reference = {t.tenant_id: lake_snapshot(other, t.tenant_id) for t in tenants}
+    for keys in tenants:
+        events = conn.execute(
+            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND op = 'journal.event'",
+            (keys.tenant_id,),
+        ).fetchone()[0]
+        bronze = LakeView(lake, keys.tenant_id).bronze
+        assert sorted(r["journal_seq"] for r in bronze) == list(range(1, events + 1)), note
+        assert lake_snapshot(lake, keys.tenant_id) == reference[keys.tenant_id], note

@@ -22,7 +22,7 @@ from oml_dagster.lake.store.storage import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain, drain_riding_through
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import producer
-from oml_dagster_tests.helpers import LakeView, lake_snapshot
+from oml_dagster_tests.helpers import assert_exactly_once, lake_snapshot
 from oml_dagster_tests.test_commit_fence import mixed_workload
 from oml_testbed.fault_proxy import KINDS, FaultProxy
 from oml_testbed.s3_server import new_bucket, store_options
@@ -102,16 +102,9 @@ def test_under_any_fault_schedule_the_lake_equals_a_fault_free_drain(
         )
         reached = proxy.requests
     direct = Lake(lake.root, {**options, "AWS_ENDPOINT_URL": moto_endpoint})
-    for keys in tenants:
-        events = conn.execute(
-            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND op = 'journal.event'",
-            (keys.tenant_id,),
-        ).fetchone()[0]
-        bronze = LakeView(direct, keys.tenant_id).bronze
-        assert sorted(r["journal_seq"] for r in bronze) == list(range(1, events + 1))
-        assert lake_snapshot(direct, keys.tenant_id) == reference[keys.tenant_id], (
-            f"schedule {schedule} ({reached} requests)"
-        )
+    assert_exactly_once(
+        conn, direct, tenants, reference, f"schedule {schedule} ({reached} requests)"
+    )
 
 
 # The workload and the fault-free lake, made by the first example and kept for the rest (the

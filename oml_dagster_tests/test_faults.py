@@ -23,9 +23,8 @@ import pytest
 
 from oml_dagster.lake import db
 from oml_dagster.lake.store.storage import Lake
-from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import producer
-from oml_dagster_tests.helpers import LakeView, lake_snapshot
+from oml_dagster_tests.helpers import assert_exactly_once
 from oml_dagster_tests.test_commit_fence import mixed_workload
 from oml_testbed.fault_proxy import KINDS, FaultProxy
 from oml_testbed.pg_cluster import private_cluster
@@ -38,21 +37,6 @@ FAST_RETRY = {"OML_RETRY_SECONDS": "60", "OML_RETRY_ATTEMPTS": "40"}
 
 def _env(dsn: str, lake: Lake, **more: str) -> dict[str, str]:
     return {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": lake.root, **FAST_RETRY, **more}
-
-
-def assert_exactly_once(conn, lake: Lake, tenants) -> None:
-    """Every journal event in bronze once, and every table of every tenant equal to a fault-free
-    drain of the same outbox into a lake of its own."""
-    reference = Lake(lake.root.rstrip("/") + "-reference", lake.storage_options)
-    drain(conn, reference, [t.tenant_id for t in tenants], policy=DrainPolicy(until_idle=True))
-    for keys in tenants:
-        events = conn.execute(
-            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND op = 'journal.event'",
-            (keys.tenant_id,),
-        ).fetchone()[0]
-        bronze = LakeView(lake, keys.tenant_id).bronze
-        assert sorted(r["journal_seq"] for r in bronze) == list(range(1, events + 1))
-        assert lake_snapshot(lake, keys.tenant_id) == lake_snapshot(reference, keys.tenant_id)
 
 
 def one_line(stderr: str) -> str:
