@@ -22,17 +22,18 @@ import datetime as dt
 import json
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import psycopg
 
 from oml_dagster import from_settings
-from oml_dagster.lake import analytics
 from oml_dagster.lake.policy import resolve_tenants
 from oml_dagster.settings import PG_DSN
 
 from .output import out as _print
+
+if TYPE_CHECKING:
+    from oml_dagster.lake import analytics
 
 
 def _tenant(text: str) -> str:
@@ -44,6 +45,8 @@ def _tenant(text: str) -> str:
 
 
 def _instant_arg(text: str) -> dt.datetime:
+    from oml_dagster.lake import analytics  # DuckDB: paid for by these commands alone
+
     try:
         return analytics.parse_instant(text)
     except ValueError as error:
@@ -94,6 +97,10 @@ def _emit(columns: list[str], rows: list[tuple], as_json: bool) -> None:
 
 
 def _run_one(tc: analytics.TenantConnection, sql: str, as_json: bool) -> int:
+    import duckdb
+
+    from oml_dagster.lake import analytics  # DuckDB: paid for by these commands alone
+
     try:
         columns, rows = analytics.run_query(tc, sql)
     except analytics.RefusedQuery as refused:
@@ -131,6 +138,8 @@ def _known(tenant_id: str) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
+    from oml_dagster.lake import analytics  # DuckDB: paid for by these commands alone
+
     lake = from_settings.lake()
     _known(args.tenant)
     with analytics.tenant_connection(lake, args.tenant, lockdown=True) as tc:
@@ -152,6 +161,8 @@ def _tree_rows(areas: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def cmd_areas_at(args: argparse.Namespace) -> int:
+    from oml_dagster.lake import analytics  # DuckDB: paid for by these commands alone
+
     lake = from_settings.lake()
     refused: frozenset[int] = frozenset()
     if PG_DSN.is_set():

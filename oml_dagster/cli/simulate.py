@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from oml_dagster import from_settings
-from oml_dagster.simulate import verify
-from oml_dagster.simulate.runner import RunConfig, RunReport, SimulationError, run
-from oml_dagster.simulate.workload import WorkloadConfig
+
+if TYPE_CHECKING:
+    from oml_dagster.simulate.runner import RunConfig, RunReport
+    from oml_dagster.simulate.workload import WorkloadConfig
 
 from .output import out as _print
 
@@ -91,6 +93,11 @@ def _report(report: RunReport, workload: WorkloadConfig, config: RunConfig) -> N
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    # Imported here: the producer's modules are paid for by `simulate` alone (issue 35).
+    from oml_dagster.simulate import verify
+    from oml_dagster.simulate.runner import RunConfig, SimulationError, run
+    from oml_dagster.simulate.workload import WorkloadConfig
+
     if args.duration is not None and args.rate is None:
         print("oml-lake simulate: --duration needs --rate", file=sys.stderr)
         return 2

@@ -95,6 +95,12 @@ FROM assigned GROUP BY tenant_id
 INDEX_JOINS_ONLY = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
 ANY_JOINS = "SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT"
 
+# The cut's own settings, for its transaction: no JIT (a cut of 100,000 rows passes the
+# planner's JIT threshold and compiled 14 functions it then ran once: 0.1-0.3 s of a 2.5-2.9 s
+# cut) and room to number the cut in memory (the default 4 MB sorted 100,000 rows on disk).
+# bench/RESULTS.md, issue 35.
+CUT_SETTINGS = "SET LOCAL jit = off; SET LOCAL work_mem = '64MB'"
+
 # Pending rows per tenant: an index-only scan of outbox_unsequenced.
 SEQUENCE_PENDING = (
     "SELECT tenant_id::text, count(*) FROM oml.outbox WHERE seq IS NULL GROUP BY tenant_id"

@@ -99,6 +99,7 @@ def _cut(
     and the pending rows it shared."""
     report = SequencerReport()
     conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
+    conn.execute(queries.CUT_SETTINGS)
     # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
     start = conn.execute(queries.MAX_SEQ).fetchone()[0]
     if pending is None:

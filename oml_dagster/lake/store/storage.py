@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
+import sys
 import threading
 import uuid
 from collections import OrderedDict
@@ -24,13 +25,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlparse
 
-import botocore.session
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
@@ -465,6 +463,8 @@ def probe_conditional_put(lake: Lake) -> str | None:
         else ""
     )
     bucket = parsed.netloc
+    from botocore.exceptions import BotoCoreError, ClientError  # only the S3 probe needs botocore
+
     client = _s3_client(lake)
     try:
         client.put_object(Bucket=bucket, Key=key, Body=b"first", IfNoneMatch="*")
@@ -500,7 +500,9 @@ _REFUSED_CODES = (
 
 def _refusal_code(error: BaseException | None) -> str | None:
     """The store's code when `error` is its refusal of the credentials, else None."""
-    if not isinstance(error, ClientError):
+    # Only an S3 probe imports botocore: without it loaded, no error can be its ClientError.
+    exceptions = sys.modules.get("botocore.exceptions")
+    if exceptions is None or not isinstance(error, exceptions.ClientError):
         return None
     code = str(error.response.get("Error", {}).get("Code", ""))
     status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -512,6 +514,9 @@ def _refusal_code(error: BaseException | None) -> str | None:
 def _s3_client(lake: Lake):
     """A botocore S3 client configured like delta-rs: options first, then the environment and
     the default credential chain; path-style addressing for an explicit endpoint."""
+    import botocore.session
+    from botocore.config import Config
+
     endpoint = _option(lake, _ENDPOINT_OPTIONS, "AWS_ENDPOINT_URL")
     region = _option(lake, ("aws_region", "region", "aws_default_region"), "AWS_REGION")
     # A tenant's own credentials are the whole set: no shared key or token from the environment.
