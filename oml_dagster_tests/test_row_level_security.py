@@ -117,6 +117,46 @@ def test_the_scope_ends_with_its_transaction(writer_dsn, two_tenants):
         assert w.execute("SELECT current_user").fetchone()[0] not in (TENANT_ROLE, CROSS_ROLE)
 
 
+def _xact(conn) -> int:
+    return conn.execute("SELECT txid_current()").fetchone()[0]
+
+
+def test_a_tenant_s_reads_share_one_scoped_transaction(writer_dsn, two_tenants):
+    """`tenant_reads` (a tenant batch's reads, issue 35): the scopes inside it are its own
+    transaction, in the tenant's role and id; without it each scope is a transaction of its
+    own. A scope of another tenant inside it is refused, and a failure inside it leaves neither
+    transaction nor scope behind."""
+    a, b = two_tenants
+    with psycopg.connect(writer_dsn, autocommit=True) as w:
+        apart = []
+        for _ in range(2):
+            with tenant_scope(w, a):
+                apart.append(_xact(w))
+        assert apart[0] != apart[1]
+        with queries.tenant_reads(w, a):
+            inside = []
+            for _ in range(2):
+                with tenant_scope(w, a):
+                    inside.append(_xact(w))
+                    seen = w.execute("SELECT DISTINCT tenant_id::text FROM oml.outbox").fetchall()
+                    assert seen == [(a,)]
+            assert inside[0] == inside[1]
+            refused = pytest.raises(RuntimeError, match=f"a scope of tenant {b} inside the reads")
+            with refused, tenant_scope(w, b):
+                pass
+        assert w.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        denied = pytest.raises(psycopg.errors.InsufficientPrivilege)
+        with denied, queries.tenant_reads(w, a), tenant_scope(w, a):
+            w.execute("DELETE FROM oml.outbox")
+        assert w.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert w.execute("SELECT current_user").fetchone()[0] not in (TENANT_ROLE, CROSS_ROLE)
+        # After it, a scope is a transaction of its own again, and may be another tenant's.
+        with tenant_scope(w, b):
+            after = _xact(w)
+            assert w.execute("SELECT current_setting('oml.tenant_id')").fetchone()[0] == b
+        assert after not in inside
+
+
 def test_a_scope_takes_only_a_tenant_id(conn):
     with pytest.raises(ValueError, match="is not a UUID"), tenant_scope(conn, "x'; RESET ROLE; --"):
         pass

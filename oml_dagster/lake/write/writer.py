@@ -25,6 +25,7 @@ conflict, the frontier last; ADR 0001, 0002) that is read top to bottom in one p
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -72,7 +73,7 @@ from oml_dagster.lake.model.tables import (
     writer_properties,
 )
 from oml_dagster.lake.policy import erasure_bound
-from oml_dagster.lake.queries import tenant_scope
+from oml_dagster.lake.queries import tenant_reads, tenant_scope
 from oml_dagster.lake.store.rewrites import compact_small_files
 from oml_dagster.lake.store.storage import (
     FileKeys,
@@ -592,21 +593,33 @@ def drain_tenant(
     config = config or WriterConfig()
     tables = tables or OpenTables(lake)
     try:
-        if fetcher is None:
-            with Fetcher(conn) as own:
-                return _drain_batch(
-                    conn, tables, tenant_id, config, before_commit, own, None, ReadAhead(False)
-                )
-        return _drain_batch(
-            conn,
-            tables,
-            tenant_id,
-            config,
-            before_commit,
-            fetcher,
-            prefetched,
-            read_ahead or ReadAhead(True),
-        )
+        # The batch's reads share one transaction (`_drain_batch` closes it when they are done);
+        # a batch that fails before rolls it back here.
+        with contextlib.ExitStack() as reads:
+            if fetcher is None:
+                with Fetcher(conn) as own:
+                    return _drain_batch(
+                        conn,
+                        tables,
+                        tenant_id,
+                        config,
+                        before_commit,
+                        own,
+                        None,
+                        ReadAhead(False),
+                        reads,
+                    )
+            return _drain_batch(
+                conn,
+                tables,
+                tenant_id,
+                config,
+                before_commit,
+                fetcher,
+                prefetched,
+                read_ahead or ReadAhead(True),
+                reads,
+            )
     except BaseException:
         tables.forget(lake.tenant_uri(tenant_id))
         raise
@@ -621,11 +634,15 @@ def _drain_batch(
     fetcher: Fetcher,
     prefetched: Future[Batch] | None,
     read_ahead: ReadAhead,
+    reads: contextlib.ExitStack,
 ) -> BatchResult:
     lake = tables.lake
     handles, area_rows = _open_tables(tables, tenant_id)
     txns = [h.txn for h in handles.values()]
     base, leading = min(txns), max(txns)
+    # One scoped transaction for every Postgres read before the fold (issue 35: each had its
+    # own BEGIN, scope and COMMIT); closed before anything is written.
+    reads.enter_context(tenant_reads(conn, tenant_id))
     decided = decided_through(conn, tenant_id)
     if leading > decided:
         raise InconsistentFrontier(
@@ -652,6 +669,7 @@ def _drain_batch(
             result.next_tenant, after, config.max_batch, config.max_batch_bytes
         )
     if not len(batch):
+        reads.close()
         _update_frontier(conn, tenant_id, handles, base)
         return result
     recorded = deadletter.refused_seqs(conn, tenant_id, base, min(decided, batch_end))
@@ -686,6 +704,8 @@ def _drain_batch(
     parsed = [op for _, op in ops if isinstance(op, Op)]
 
     state = _working_state(conn, tenant_id, handles, area_rows, parsed, tables.keys)
+    bound = erasure_bound(conn, tenant_id)
+    reads.close()
     state.events.update(held)
     state.bronze.columns = cleared.rows
     label = f"tenant {tenant_id}, batch ({base}, {batch_end}]"
@@ -696,7 +716,6 @@ def _drain_batch(
     if batch_end > decided:
         _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end)
 
-    bound = erasure_bound(conn, tenant_id)
     op_seqs = seqs
 
     def commit(handle: _Handle, work: AppendWork | KeyedWork) -> None:
