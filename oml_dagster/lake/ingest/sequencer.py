@@ -91,14 +91,27 @@ def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
     return report
 
 
+def sequence_if_free(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport | None:
+    """One cut unless another cut holds the lock (then None, at once: that cut sequences every
+    tenant's rows as this one would). Rows left waiting are not counted (the cut at a pass's
+    start and the sensor's do): this is the cheap cut a standing pass makes between tenant
+    batches (issue 35)."""
+    with cross_scope(conn):
+        cut = _cut(conn, limit, None, wait=False)
+    return None if cut is None else cut[0]
+
+
 def _cut(
-    conn: psycopg.Connection, limit: int, pending: dict[str, int] | None
-) -> tuple[SequencerReport, dict[str, int]]:
+    conn: psycopg.Connection, limit: int, pending: dict[str, int] | None, *, wait: bool = True
+) -> tuple[SequencerReport, dict[str, int]] | None:
     """One cut, in the caller's transaction, sharing `limit` by `pending` (each tenant's
     unsequenced rows, counted here when None). Returns the cut (rows left waiting not counted)
-    and the pending rows it shared."""
+    and the pending rows it shared; None when not `wait`ing and another cut holds the lock."""
     report = SequencerReport()
-    conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
+    if wait:
+        conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
+    elif not conn.execute(queries.ADVISORY_XACT_LOCK_TRY, (queries.SEQUENCER_LOCK,)).fetchone()[0]:
+        return None
     conn.execute(queries.CUT_SETTINGS)
     # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
     start = conn.execute(queries.MAX_SEQ).fetchone()[0]
@@ -116,10 +129,15 @@ def _cut(
         report.tenants[tenant_id] = TenantCut(
             tenant_id, count, first_seq, last_seq, last_journal_seq
         )
-    for cut in report.tenants.values():
+    if report.tenants:
+        cuts = list(report.tenants.values())
         conn.execute(
             queries.SEQUENCER_TENANT_UPSERT,
-            (cut.tenant_id, cut.last_journal_seq, cut.last_seq),
+            (
+                [c.tenant_id for c in cuts],
+                [c.last_journal_seq for c in cuts],
+                [c.last_seq for c in cuts],
+            ),
         )
     return report, pending
 
