@@ -17,7 +17,10 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.test_utils import create_run_for_test
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from oml_dagster.defs import sensors
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import build_resources
 from oml_dagster.lake.ingest import sequencer
@@ -223,3 +226,61 @@ def test_a_gap_is_reported_on_the_outbox_and_the_run_waits_for_nothing(conn, lak
     assert len(gaps) == 1 and gaps[0].partition == a.tenant_id
     assert gaps[0].metadata["missing_journal_seq"].value == last_journal + 1
     assert gaps[0].metadata["rows_waiting_behind_gap"].value == 1
+
+
+@given(
+    tenants=st.lists(st.uuids().map(str), unique=True, max_size=40).map(sorted),
+    most=st.integers(min_value=1, max_value=12),
+    start=st.none() | st.uuids().map(str),
+)
+@settings(max_examples=200, deadline=None)
+def test_taking_turns_visits_every_tenant_within_its_share_of_ticks(tenants, most, start):
+    """Each tick takes at most `most` tenants, none twice, in id order from its cursor; ticks
+    that each start after the last one taken visit every tenant within ceil(n / most) ticks."""
+    seen: list[str] = []
+    after = start
+    for _ in range(-(-len(tenants) // most) if tenants else 1):
+        taken = sensors.taking_turns(tenants, after, most)
+        assert len(taken) == min(most, len(tenants)) and len(set(taken)) == len(taken)
+        assert set(taken) <= set(tenants)
+        seen += taken
+        after = taken[-1] if taken else after
+    assert set(seen) == set(tenants)
+
+
+def test_a_tick_hands_the_daemon_a_bounded_share_of_many_tenants(
+    conn, lake, defs, instance, monkeypatch
+):
+    """Issue 35: the daemon adds each new partition and stores each event with a storage
+    connection of its own, so a tick adds at most MOST_NEW_PARTITIONS_PER_TICK partitions and
+    reports the outbox of at most MOST_OUTBOX_EVENTS_PER_TICK tenants, in turns; runs are asked
+    only for tenants that are partitions; the rest come on the next ticks."""
+    monkeypatch.setattr(sensors, "MOST_NEW_PARTITIONS_PER_TICK", 2)
+    monkeypatch.setattr(sensors, "MOST_OUTBOX_EVENTS_PER_TICK", 2)
+    works = sorted((seed_tenant(conn, bad=False) for _ in range(5)), key=lambda w: w.tenant_id)
+    ids = [w.tenant_id for w in works]
+    sensor = defs.get_sensor_def("outbox_sensor")
+    cursor, reported, asked = None, [], set()
+    for n in range(3):
+        with build_sensor_context(
+            instance_ref=instance.get_ref(),
+            definitions=defs,
+            resources=build_resources(),
+            cursor=cursor,
+        ) as context:
+            data = sensor.evaluate_tick(context)
+        cursor = data.cursor
+        added = [k for r in data.dynamic_partitions_requests or [] for k in r.partition_keys]
+        assert added == ids[2 * n : 2 * n + 2]  # the next two unknown tenants, in id order
+        instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, added)
+        known = set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME))
+        assert set(requested(data)) <= known
+        asked |= set(requested(data))
+        events = [e.partition for e in data.asset_events if e.asset_key == OUTBOX]
+        assert len(events) == 2 and set(events) <= known
+        reported += events
+        for work in works:
+            more_acts(conn, work, 1)  # every tenant has rows for the next tick's cut
+    assert set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)) == set(ids)
+    assert set(reported) == set(ids)  # the outbox of each tenant reported in turn
+    assert asked == set(ids)

@@ -7,7 +7,11 @@ sequenced ops not yet drained otherwise), or one per such tenant when shards are
 A tick's cost does not grow with a per-tenant loop of queries: one cut, one aggregate query over
 the sequencer and the frontier cache (and one more for the pending tenants' last drain time), one
 listing of the known tenant ids, one read of the instance's partitions and one of its in-flight
-lake-writer runs, whatever the tenant count.
+lake-writer runs, whatever the tenant count. What the daemon does with a tick's result does grow
+with it, one storage connection per new partition and per event, so a tick adds at most
+MOST_NEW_PARTITIONS_PER_TICK partitions and reports the outbox of at most
+MOST_OUTBOX_EVENTS_PER_TICK tenants, taking turns from tick to tick (the cursor names where the
+next tick's turn starts); the rest come on the next ticks.
 """
 
 import datetime as dt
@@ -36,6 +40,22 @@ from .jobs import LAKE_ASSET_KEYS, lake_writer_job
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from .resources import PostgresResource, WriterResource, settings
 from .shards import IN_FLIGHT, PARTITION_TAG, SHARD_TAG, lake_writer_shard_job, shard_of, shard_tag
+
+# What one tick hands the daemon, at most (issue 35). Dagster checks each new partition key and
+# stores each event with a storage connection of its own (dagster-postgres holds none open): a
+# tick that added 1,000 tenants kept the daemon 106 s, and one that reported 1,000 tenants'
+# outbox 70 s, on a loaded two-core machine, and no other tick ran meanwhile.
+MOST_NEW_PARTITIONS_PER_TICK = 100
+MOST_OUTBOX_EVENTS_PER_TICK = 100
+
+
+def taking_turns(tenants: list[str], after: str | None, most: int) -> list[str]:
+    """At most `most` of `tenants` (sorted ids), starting after `after` and wrapping around:
+    successive calls, each after the last id of the one before, visit every tenant in turn."""
+    if len(tenants) <= most:
+        return tenants
+    start = next((i for i, t in enumerate(tenants) if after is not None and t > after), 0)
+    return (tenants[start:] + tenants[:start])[:most]
 
 
 def run_key(
@@ -179,7 +199,8 @@ def outbox_sensor(
         if loader is not None
         else context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
     )
-    new = sorted((tenants | pending_ids | set(cut.tenants)) - known)
+    unknown = sorted((tenants | pending_ids | set(cut.tenants)) - known)
+    new = unknown[:MOST_NEW_PARTITIONS_PER_TICK]
     partitions = known | set(new)
     if loader is not None:
         loader.get_existing_dynamic_partitions(TENANT_PARTITIONS_NAME, sorted(known & pending_ids))
@@ -207,9 +228,14 @@ def outbox_sensor(
                 tags={"oml/drained_through": str(drained), "oml/last_seq": str(last_seq)},
             )
             for tenant_id, last_seq, drained in pending
-            if tenant_id not in busy
+            if tenant_id not in busy and tenant_id in partitions
         ]
 
+    reported = taking_turns(
+        sorted(t for t in cut.tenants if t in partitions),
+        context.cursor or None,
+        MOST_OUTBOX_EVENTS_PER_TICK,
+    )
     events: list[AssetMaterialization | AssetObservation] = [
         AssetMaterialization(
             asset_key=OUTBOX,
@@ -222,7 +248,7 @@ def outbox_sensor(
                 "last_journal_seq": c.last_journal_seq,
             },
         )
-        for c in cut.tenants.values()
+        for c in (cut.tenants[t] for t in reported)
     ]
     for gap in cut.gaps:
         context.log.warning(
@@ -246,9 +272,14 @@ def outbox_sensor(
         waiting = f"{len(pending)} tenants pending over {shards} shards"
     else:
         waiting = f"{len(pending) - len(requests)} tenants pending behind an in-flight run"
+    later = len(unknown) - len(new)
+    unreported = len(cut.tenants) - len(reported)
     context.log.info(
-        f"sequenced {cut.sequenced} rows for {len(cut.tenants)} tenants; {len(new)} new tenants; "
-        f"{len(requests)} runs requested; {waiting}"
+        f"sequenced {cut.sequenced} rows for {len(cut.tenants)} tenants"
+        + (f" (the outbox reported for {len(reported)} this tick)" if unreported else "")
+        + f"; {len(new)} new tenants"
+        + (f" ({later} more on the next ticks)" if later else "")
+        + f"; {len(requests)} runs requested; {waiting}"
     )
     if not requests and not new and not events:
         return SensorResult(skip_reason="no pending ops")
@@ -256,4 +287,5 @@ def outbox_sensor(
         run_requests=requests,
         dynamic_partitions_requests=[tenant_partitions.build_add_request(new)] if new else [],
         asset_events=events,
+        cursor=reported[-1] if unreported and reported else context.cursor,
     )
