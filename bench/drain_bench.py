@@ -194,10 +194,7 @@ def writer_dsn(dsn: str) -> str:
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         db.create_writer_role(conn, WRITER_ROLE)
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
-    info["user"] = WRITER_ROLE
-    info.pop("password", None)
-    return psycopg.conninfo.make_conninfo(**info)
+    return db.dsn_as(dsn, WRITER_ROLE)
 
 
 def plot(results: list[dict], path: str) -> None:

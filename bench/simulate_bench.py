@@ -57,6 +57,33 @@ def machine() -> dict[str, str]:
     return info
 
 
+HISTORY = "## History"
+
+
+def add_to_history(path: str, section: str) -> None:
+    """`section` into the results file at `path` as its newest dated section: at the top of its
+    History (bench/RESULTS.md runs newest first), one heading level down; at the end of a file
+    with no History; a new file when there is none."""
+    if not os.path.exists(path):
+        with open(path, "w") as out:
+            out.write(f"# Benchmark results\n\n{section}\n")
+        return
+    with open(path) as f:
+        text = f.read()
+    at = text.find(f"\n{HISTORY}")
+    if at < 0:
+        with open(path, "a") as out:
+            out.write(section + "\n")
+        return
+    first = text.find("\n### ", at + 1)
+    cut = len(text) if first < 0 else first + 1
+    nested = "\n".join(
+        "#" + line if line.startswith("## ") else line for line in section.split("\n")
+    )
+    with open(path, "w") as out:
+        out.write(text[:cut] + nested.rstrip("\n") + "\n\n" + text[cut:])
+
+
 def markdown(
     report: RunReport,
     workload: WorkloadConfig,
@@ -103,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", action="store_true", help="verify every tenant afterwards")
     parser.add_argument("--keep", action="store_true", help="keep the database")
     parser.add_argument("--progress", action="store_true", help="progress bar on stderr")
-    parser.add_argument("--append", help="append a markdown results section to this file")
+    parser.add_argument(
+        "--append", help="add a markdown results section to this file's history, newest first"
+    )
     args = parser.parse_args(argv)
 
     admin_dsn = args.admin_dsn or DEFAULT_ADMIN_DSN
@@ -145,11 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         section = markdown(report, workload, config, host, server, db_bytes, verified)
         print(section)
         if args.append:
-            fresh = not os.path.exists(args.append)
-            with open(args.append, "a") as out:
-                if fresh:
-                    out.write("# Benchmark results\n\n")
-                out.write(section + "\n")
+            add_to_history(args.append, section)
     finally:
         if not args.keep:
             with psycopg.connect(admin_dsn, autocommit=True) as admin:

@@ -102,17 +102,9 @@ say "lake database: $OML_PG_DSN; Dagster storage: database $DAGSTER_PG_DB; lake:
 WRITER_ROLE="${OML_DEMO_WRITER_ROLE:-oml_demo_writer}"
 oml-lake db upgrade --writer-role "$WRITER_ROLE"
 OWNER_DSN="$OML_PG_DSN"
-WRITER_DSN=$("$PY" - "$OWNER_DSN" "$WRITER_ROLE" <<'DSN'
-import os, sys
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-info = conninfo_to_dict(sys.argv[1])
-info["user"] = sys.argv[2]
-info.pop("password", None)
-if os.environ.get("OML_WRITER_PASSWORD"):
-    info["password"] = os.environ["OML_WRITER_PASSWORD"]
-print(make_conninfo(**info))
-DSN
-)
+WRITER_DSN=$("$PY" -c 'import os, sys
+from oml_dagster.lake.db import dsn_as
+print(dsn_as(sys.argv[1], sys.argv[2], os.environ.get("OML_WRITER_PASSWORD")))' "$OWNER_DSN" "$WRITER_ROLE")
 
 # --- 4. a workload ------------------------------------------------------------------------------
 STREAM_SECONDS="${OML_DEMO_STREAM_SECONDS:-900}"

@@ -74,13 +74,6 @@ def conn(dsn):
         yield connection
 
 
-def _writer_dsn(dsn: str, role: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
-    info["user"] = role
-    info.pop("password", None)
-    return psycopg.conninfo.make_conninfo(**info)
-
-
 @pytest.fixture
 def writer_dsn(conn, dsn) -> Iterator[str]:
     """The DSN of a login role of the kind the README asks a deployment's writer to use, made by
@@ -88,7 +81,7 @@ def writer_dsn(conn, dsn) -> Iterator[str]:
     are the cluster's: one per test keeps tests apart."""
     role = f"oml_writer_{uuid.uuid4().hex[:8]}"
     db.create_writer_role(conn, role)
-    yield _writer_dsn(dsn, role)
+    yield db.dsn_as(dsn, role)
     with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)

@@ -59,6 +59,18 @@ def upgrade(conn: psycopg.Connection) -> list[Migration]:
     return applied
 
 
+def dsn_as(dsn: str, role: str, password: str | None = None) -> str:
+    """`dsn` with `role` as its user: `password` when given, no password otherwise (the owner's
+    is never handed on). The writer's DSN beside the owner's, for the demo, the tests and the
+    benchmarks."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    info["user"] = role
+    info.pop("password", None)
+    if password:
+        info["password"] = password
+    return psycopg.conninfo.make_conninfo(**info)
+
+
 def create_writer_role(conn: psycopg.Connection, role: str, password: str | None = None) -> None:
     """Create the login role a deployment's lake-writer connects as, or bring an existing one
     into line: it may log in, inherits nothing (so outside a scope it can touch no table of
