@@ -95,6 +95,7 @@ def command(dsn: str, lake_uri: str, source: str) -> tuple[float, str]:
     done = subprocess.run(
         [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"],
         env=env,
+        cwd=source,  # `python -m` puts the working directory ahead of PYTHONPATH
         capture_output=True,
         text=True,
         check=False,
@@ -103,6 +104,19 @@ def command(dsn: str, lake_uri: str, source: str) -> tuple[float, str]:
     if done.returncode != 0:
         raise SystemExit(f"oml-lake drain exited {done.returncode}: {done.stderr[-2000:]}")
     return wall, done.stdout
+
+
+def which_code(source: str) -> str:
+    """Where the command run for `source` imports the product from (a check of the setup)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import oml_dagster; print(oml_dagster.__file__)"],
+        env={**os.environ, "PYTHONPATH": source},
+        cwd=source,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
 
 
 def import_seconds(source: str) -> float:
@@ -117,6 +131,7 @@ def import_seconds(source: str) -> float:
             capture_output=True,
             check=True,
             env=env,
+            cwd=source,
         )
         times.append(time.perf_counter() - started)
     return min(times)
@@ -169,6 +184,10 @@ def main() -> None:
     sources = {"this": HERE}
     if args.baseline_source:
         sources = {"baseline": os.path.abspath(args.baseline_source), **sources}
+    for name, source in sources.items():
+        code = which_code(source)
+        if not code.startswith(source):
+            raise SystemExit(f"{name}: the command would run {code}, not the code of {source}")
     startup = {name: round(import_seconds(src), 3) for name, src in sources.items()}
     for name, seconds in startup.items():
         print(f"{name} ({sources[name]}): oml-lake drain --help, best of 3: {seconds:.2f} s")

@@ -96,6 +96,9 @@ CONFIGS = {
     "quick": Config("quick", 50, 5, 30),
     "target1": Config("target1", 200, 10, 120, p95_target_s=10, gone_target_s=90),
     "target2": Config("target2", 700, 100, 120, p95_target_s=30, gone_target_s=90),
+    # Issue 35's targets 1 and 2: the same stream, tighter over 100 tenants, and over 1,000.
+    "i35-100": Config("i35-100", 700, 100, 120, p95_target_s=10, gone_target_s=30),
+    "i35-1000": Config("i35-1000", 700, 1000, 120, p95_target_s=30, gone_target_s=90),
 }
 
 # Everything not drained, as the sensor sees a tenant's drained frontier (sequencer.pending_tenants).
@@ -571,6 +574,11 @@ def measure(
                 "producer_s": round(producer_cpu, 1) if producer_cpu is not None else None,
                 "postgres_backends_sampled_s": round(backends.total_s(), 1),
             }
+            batches = tenant_batches(work / "lake")
+            result["cpu"]["tenant_batches"] = batches
+            result["cpu"]["run_cpu_ms_per_tenant_batch"] = (
+                round(1000 * runs_cpu / batches, 1) if batches else None
+            )
             result["run_phases"] = run_phases(dagster)
             result["cpu"].update(start_cpu(dagster, cpu))
             report = (work / "simulate.log").read_text()
@@ -581,6 +589,23 @@ def measure(
             if written:
                 result["ops_written"] = int(written[1])
                 result["ops_per_s_written"] = round(int(written[1]) / float(written[2]), 1)
+            if result.get("ops_written"):
+                result["cpu"]["run_cpu_s_per_1000_ops"] = round(
+                    1000 * runs_cpu / result["ops_written"], 2
+                )
+                everything = sum(
+                    result["cpu"][k] or 0
+                    for k in (
+                        "run_workers_s",
+                        "code_server_own_s",
+                        "daemon_own_s",
+                        "producer_s",
+                        "postgres_backends_sampled_s",
+                    )
+                )
+                result["cpu"]["all_cpu_s_per_1000_ops"] = round(
+                    1000 * everything / result["ops_written"], 2
+                )
             result["samples"] = samples
     finally:
         # Anything under the daemon that outlived it (the daemon is stopped on leaving the
@@ -597,6 +622,21 @@ def measure(
                     shutil.copy(work / name, keep / f"{config.name}-{name}")
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def tenant_batches(lake: Path) -> int:
+    """Tenant batches the writer committed: every batch appends to its tenant's bronze.events
+    (each act journals an event), so the count of bronze commits that were writes (not the
+    packing's OPTIMIZE) over every tenant."""
+    count = 0
+    for log in lake.glob("*/bronze/events/_delta_log/*.json"):
+        with contextlib.suppress(OSError), open(log) as f:
+            for entry in f:
+                if '"commitInfo"' in entry:
+                    operation = json.loads(entry)["commitInfo"].get("operation", "")
+                    count += operation in ("WRITE", "CREATE TABLE", "MERGE")
+                    break
+    return count
 
 
 def _dbname(dsn: str) -> str:
@@ -757,6 +797,9 @@ def line(r: dict) -> str:
         f" server {cpu['code_server_own_s']} s, daemon {cpu['daemon_own_s']} s, producer"
         f" {cpu['producer_s']} s, Postgres backends >= {cpu['postgres_backends_sampled_s']} s"
         f"; {cpu['run_workers_still_alive']} workers still running);"
+        f" runs' CPU per 1,000 ops {cpu.get('run_cpu_s_per_1000_ops')} s (everything's"
+        f" {cpu.get('all_cpu_s_per_1000_ops')} s), per tenant batch"
+        f" {cpu.get('run_cpu_ms_per_tenant_batch')} ms ({cpu.get('tenant_batches')} batches);"
         f" load 1-min mean {r['load1_mean']}, max {r['load1_max']}"
         f" (before {r['load_before'][0]:.2f}, after {r['load_after'][0]:.2f})\n  run phases"
         " (median / max s): "

@@ -18,6 +18,7 @@ import pstats
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import psycopg
@@ -54,12 +55,20 @@ def main() -> None:
                 drain(conn, lake, policy=DrainPolicy(config=config))
             profiler = cProfile.Profile()
             batches, started = 0, time.perf_counter()
+            tally: Counter = Counter()
             profiler.enable()
             # One drain of several passes, as a shard run drains (tables kept open, the next
             # batch fetched while one commits).
             policy = DrainPolicy(until_idle=True, config=config, max_passes=args.passes)
             for one in drain(conn, lake, policy=policy):
                 batches += len(one.batches)
+                for batch in one.batches:
+                    for t in batch.tables:
+                        table = t.table.split("/")[0]  # every curated table as one
+                        kind = t.action
+                        if t.action == "committed":
+                            kind += ", updated rows" if t.rows_updated else ", rows added only"
+                        tally[table, kind] += 1
             profiler.disable()
             if args.dump:
                 profiler.dump_stats(args.dump)
@@ -67,6 +76,9 @@ def main() -> None:
     print(
         f"{batches} tenant batches in {elapsed:.2f} s: {1000 * elapsed / max(batches, 1):.0f} ms each"
     )
+    print("what each tenant batch did to each table (MERGE: a commit that updated rows):")
+    for (table, kind), n in sorted(tally.items()):
+        print(f"  {table:<14} {kind:<28} {n:5d}  ({n / max(batches, 1):.2f} per batch)")
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats(args.sort).print_stats(args.top)
     print(text.getvalue())
