@@ -8,11 +8,9 @@ import gc
 import time
 import weakref
 
-import psycopg
 import pyarrow as pa
 import pytest
 
-from oml_dagster.lake import queries
 from oml_dagster.lake.errors import RefusedOp
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.ingest.fetch import Fetcher
@@ -346,57 +344,3 @@ def test_release_memory_frees_arrow_buffers_held_by_reference_cycles():
         assert pa.total_allocated_bytes() - before < 1_000_000
     finally:
         gc.enable()
-
-
-@pytest.mark.parametrize("recut_seconds", [None, 0.0])
-def test_ops_arriving_during_a_pass_ride_it_when_the_pass_cuts_again(conn, lake, recut_seconds):
-    """`recut_seconds` (a standing shard run, issue 35): the pass cuts again between tenant
-    batches, so ops that arrive after the pass's first cut reach a tenant the pass has yet to
-    visit in this pass; without it they wait, unsequenced, for the next pass."""
-    first, _, last = sorted(
-        (seed_tenant(conn, bad=False) for _ in range(3)), key=lambda w: w.tenant_id
-    )
-
-    class Arriving(DrainObserver):
-        def batch_ended(self, result) -> None:
-            if result.tenant_id == first.tenant_id and not self.done:
-                self.done = True
-                more_acts(conn, last, 3)  # after the pass's cut, before `last` is visited
-
-    arriving = Arriving()
-    arriving.done = False
-    passes = drain(
-        conn,
-        lake,
-        policy=DrainPolicy(until_idle=True, recut_seconds=recut_seconds),
-        observer=arriving,
-    )
-
-    (visit,) = [b for b in passes[0].batches if b.tenant_id == last.tenant_id]
-    newest = conn.execute(
-        "SELECT max(seq) FROM oml.outbox WHERE tenant_id = %s", (last.tenant_id,)
-    ).fetchone()[0]
-    assert arriving.done
-    if recut_seconds is None:
-        assert visit.batch_end < newest  # the new ops wait for the next pass
-        assert any(b.tenant_id == last.tenant_id and b.ops for b in passes[1].batches)
-    else:
-        assert visit.batch_end == newest  # the same pass took them
-        assert passes[0].sequenced.tenants[last.tenant_id].last_seq == newest
-    assert sequencer.pending_tenants(conn) == []
-
-
-def test_a_cut_that_finds_the_lock_held_gives_way_at_once(conn, dsn):
-    """`sequence_if_free`: with another cut holding the sequencer's lock it returns None without
-    waiting (that cut sequences every tenant); free, it cuts."""
-    work = seed_tenant(conn, bad=False)
-    with psycopg.connect(dsn) as other:
-        other.execute("SELECT pg_advisory_xact_lock(%s)", (queries.SEQUENCER_LOCK,))
-        started = time.monotonic()
-        assert sequencer.sequence_if_free(conn) is None
-        assert time.monotonic() - started < 5
-        assert sequencer.pending_tenants(conn, [work.tenant_id]) == []
-        other.rollback()
-    cut = sequencer.sequence_if_free(conn)
-    assert cut is not None and cut.tenants[work.tenant_id].sequenced > 0
-    assert [t for t, _, _ in sequencer.pending_tenants(conn)] == [work.tenant_id]

@@ -43,10 +43,6 @@ from .resources import LakeResource, PostgresResource, WriterResource
 SHARD_TAG = "oml/shard"
 # How often a standing shard run out of work looks at the outbox again (a cut and one query).
 POLL_SECONDS = 0.5
-# How often a standing shard run cuts again within a pass, when no other cut holds the lock
-# (DrainPolicy.recut_seconds, issue 35): a pass over hundreds of tenants takes minutes on a busy
-# machine, and ops that arrive meanwhile ride it instead of waiting for the next pass's cut.
-RECUT_SECONDS = 2.0
 # How often a shard run reports its tenants' commits (and once at its end).
 REPORT_SECONDS = 30.0
 PARTITION_TAG = "dagster/partition"
@@ -112,7 +108,6 @@ def drain_shard(
                 until_idle=cap > 0,
                 max_seconds=cap,
                 poll_seconds=POLL_SECONDS if writer.standing() else None,
-                recut_seconds=RECUT_SECONDS if writer.standing() else None,
                 owns=lambda t: shard_of(t, config.shards) == config.shard,
                 config=writer.config(),
             ),

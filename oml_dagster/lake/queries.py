@@ -23,7 +23,6 @@ import psycopg
 # Serializes concurrent `db upgrade` runs (an arbitrary, project-owned key).
 MIGRATION_LOCK = 0x6F6D6C00
 ADVISORY_XACT_LOCK = "SELECT pg_advisory_xact_lock(%s)"
-ADVISORY_XACT_LOCK_TRY = "SELECT pg_try_advisory_xact_lock(%s)"
 CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS oml"
 CREATE_MIGRATIONS_TABLE = (
     "CREATE TABLE IF NOT EXISTS oml.schema_migrations ("

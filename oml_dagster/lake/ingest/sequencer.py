@@ -91,27 +91,14 @@ def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
     return report
 
 
-def sequence_if_free(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport | None:
-    """One cut unless another cut holds the lock (then None, at once: that cut sequences every
-    tenant's rows as this one would). Rows left waiting are not counted (the cut at a pass's
-    start and the sensor's do): this is the cheap cut a standing pass makes between tenant
-    batches (issue 35)."""
-    with cross_scope(conn):
-        cut = _cut(conn, limit, None, wait=False)
-    return None if cut is None else cut[0]
-
-
 def _cut(
-    conn: psycopg.Connection, limit: int, pending: dict[str, int] | None, *, wait: bool = True
-) -> tuple[SequencerReport, dict[str, int]] | None:
+    conn: psycopg.Connection, limit: int, pending: dict[str, int] | None
+) -> tuple[SequencerReport, dict[str, int]]:
     """One cut, in the caller's transaction, sharing `limit` by `pending` (each tenant's
     unsequenced rows, counted here when None). Returns the cut (rows left waiting not counted)
-    and the pending rows it shared; None when not `wait`ing and another cut holds the lock."""
+    and the pending rows it shared."""
     report = SequencerReport()
-    if wait:
-        conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
-    elif not conn.execute(queries.ADVISORY_XACT_LOCK_TRY, (queries.SEQUENCER_LOCK,)).fetchone()[0]:
-        return None
+    conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
     conn.execute(queries.CUT_SETTINGS)
     # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
     start = conn.execute(queries.MAX_SEQ).fetchone()[0]

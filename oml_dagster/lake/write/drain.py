@@ -61,12 +61,6 @@ class DrainPolicy:
       quiet spell are sequenced and drained by a writer already running, and a trickle is
       drained in batches of half a second's ops rather than one pass per op. Idle passes after
       the first are not kept in the passes returned.
-    - `recut_seconds` (a standing shard run): within a pass, before a tenant's batch, the
-      sequencer cuts again once this many seconds have passed since the pass's last cut, unless
-      another cut holds the lock (`sequencer.sequence_if_free`: that cut serves every tenant).
-      Ops arriving during a long pass then ride it for the tenants it has yet to visit, instead
-      of waiting unsequenced for the next pass's cut (issue 35; ADR 0037 tried it with a
-      waiting lock).
     - `owns`: with no tenants named, the pending tenants the drain takes (a shard of tenants:
       only their rows count as progress); None, every one.
     - `config`: each batch takes at most `config.max_batch` ops, fewer when the memory budget
@@ -77,7 +71,6 @@ class DrainPolicy:
     max_passes: int = 100_000
     max_seconds: float | None = None
     poll_seconds: float | None = None
-    recut_seconds: float | None = None
     owns: Callable[[str], bool] | None = None
     config: WriterConfig = field(default_factory=WriterConfig)
     governor: MemoryGovernor | None = None
@@ -92,8 +85,6 @@ class DrainPolicy:
                 f"poll_seconds must be > 0 and bounded by max_seconds, got {self.poll_seconds!r} "
                 f"with max_seconds {self.max_seconds!r}"
             )
-        if self.recut_seconds is not None and not self.recut_seconds >= 0:
-            raise ValueError(f"recut_seconds must be >= 0, got {self.recut_seconds!r}")
 
 
 class DrainObserver:
@@ -150,14 +141,6 @@ def drain(
     return passes
 
 
-def _then(cut: SequencerReport, recut: SequencerReport) -> SequencerReport:
-    """A pass's cut and a cut within it as one; the waiting rows as the pass's cut counted them
-    (a cut within a pass does not count them)."""
-    merged = cut.then(recut)
-    merged.gaps, merged.deferred_rows = cut.gaps, cut.deferred_rows
-    return merged
-
-
 class _Drain:
     """One drain's state from pass to pass: the fetcher, the open tables, the batches read
     ahead, the tenants that failed and the memory governor."""
@@ -206,7 +189,6 @@ class _Drain:
     def _one_pass(self) -> DrainPass:
         cut = sequencer.sequence_for_batches(self.conn, self.config.max_batch)
         current = DrainPass(cut, scope=self.scope)
-        last_cut = time.monotonic()
         # Each pending tenant's frontier (the frontier cache's), where its next batch starts:
         # the targets, and where the tenant visited next is read ahead from; a drain of one
         # named tenant needs neither.
@@ -216,12 +198,6 @@ class _Drain:
         targets = self._targets(pending)
         self.ahead.keep_only(targets)
         for k, tenant_id in enumerate(targets):
-            recut = self.policy.recut_seconds
-            if recut is not None and k and time.monotonic() - last_cut >= recut:
-                last_cut = time.monotonic()
-                more = sequencer.sequence_if_free(self.conn)
-                if more is not None and more.sequenced:
-                    current.sequenced = _then(current.sequenced, more)
             visited_next = targets[k + 1] if k + 1 < len(targets) else None
             result = self._batch(tenant_id, self.ahead.then(visited_next, pending))
             if result is None:
