@@ -662,10 +662,13 @@ def test_tables_stay_compact_and_bounded_under_a_long_workload(conn, lake):
             on_disk[name] = (len(parquet), len(logs))
         sizes.append(on_disk)
     # Bounded, not growing: each round writes several files and commits per table, so without
-    # maintenance round 8 would hold about four times round 2's count. A file or entry whose
-    # retention ends within a second of a run may survive one more round: allow a margin.
-    first, last = sizes[1], sizes[-1]
-    for name, (parquet, logs) in last.items():
+    # maintenance the last rounds would hold about four times the early rounds' counts. A file
+    # or entry whose retention ends within a second of a run may survive one more round, so a
+    # round's count swings (bronze: 1 to 7 files from one round to the next on a loaded
+    # machine): the peaks of the last three rounds are held to those of the first three.
+    for name in sizes[-1]:
         history = [s[name] for s in sizes]
-        assert parquet <= 2 * first[name][0] + 2, (name, history)
-        assert logs <= 2 * first[name][1] + 4, (name, history)
+        early = [max(counts[i] for counts in history[:3]) for i in (0, 1)]
+        late = [max(counts[i] for counts in history[-3:]) for i in (0, 1)]
+        assert late[0] <= 2 * early[0] + 2, (name, history)
+        assert late[1] <= 2 * early[1] + 4, (name, history)
