@@ -594,21 +594,12 @@ def drain_tenant(
     tables = tables or OpenTables(lake)
     try:
         # The batch's reads share one transaction (`_drain_batch` closes it when they are done);
-        # a batch that fails before rolls it back here.
-        with contextlib.ExitStack() as reads:
+        # a batch that fails before rolls it back here. A fetcher opened here (none given) is
+        # closed here, after it.
+        with contextlib.ExitStack() as owned, contextlib.ExitStack() as reads:
             if fetcher is None:
-                with Fetcher(conn) as own:
-                    return _drain_batch(
-                        conn,
-                        tables,
-                        tenant_id,
-                        config,
-                        before_commit,
-                        own,
-                        None,
-                        ReadAhead(False),
-                        reads,
-                    )
+                fetcher = owned.enter_context(Fetcher(conn))
+                prefetched, read_ahead = None, ReadAhead(False)
             return _drain_batch(
                 conn,
                 tables,
