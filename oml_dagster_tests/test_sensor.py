@@ -39,11 +39,15 @@ def run_per_tenant(monkeypatch):
     monkeypatch.setenv("OML_DRAIN_SHARDS", "0")
 
 
-def tick(defs, instance):
-    """One sensor evaluation, with its partition requests applied as the daemon applies them."""
+def tick(defs, instance, cursor: str | None = None):
+    """One sensor evaluation from `cursor`, with its partition requests applied as the daemon
+    applies them."""
     sensor = defs.get_sensor_def("outbox_sensor")
     with build_sensor_context(
-        instance_ref=instance.get_ref(), definitions=defs, resources=build_resources()
+        instance_ref=instance.get_ref(),
+        definitions=defs,
+        resources=build_resources(),
+        cursor=cursor,
     ) as context:
         data = sensor.evaluate_tick(context)
     for request in data.dynamic_partitions_requests or []:
@@ -259,20 +263,12 @@ def test_a_tick_hands_the_daemon_a_bounded_share_of_many_tenants(
     monkeypatch.setattr(sensors, "MOST_OUTBOX_EVENTS_PER_TICK", 2)
     works = sorted((seed_tenant(conn, bad=False) for _ in range(5)), key=lambda w: w.tenant_id)
     ids = [w.tenant_id for w in works]
-    sensor = defs.get_sensor_def("outbox_sensor")
     cursor, reported, asked = None, [], set()
     for n in range(3):
-        with build_sensor_context(
-            instance_ref=instance.get_ref(),
-            definitions=defs,
-            resources=build_resources(),
-            cursor=cursor,
-        ) as context:
-            data = sensor.evaluate_tick(context)
+        data = tick(defs, instance, cursor)
         cursor = data.cursor
         added = [k for r in data.dynamic_partitions_requests or [] for k in r.partition_keys]
         assert added == ids[2 * n : 2 * n + 2]  # the next two unknown tenants, in id order
-        instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, added)
         known = set(instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME))
         assert set(requested(data)) <= known
         asked |= set(requested(data))
