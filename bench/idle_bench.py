@@ -31,7 +31,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _support import HERE, Snapshot, fresh_database, machine  # noqa: E402
+from _support import Snapshot, child_env, code_root, fresh_database, machine  # noqa: E402
 from bronze_bench import write_events  # noqa: E402
 
 from oml_dagster.lake.model.tables import BRONZE_EVENTS, writer_properties  # noqa: E402
@@ -90,7 +90,7 @@ def floor(dsn: str, tenant_id: str, root: str) -> tuple[float, int]:
 def command(dsn: str, lake_uri: str, source: str) -> tuple[float, str]:
     """`oml-lake drain --until-idle` in a new process running the code of checkout `source`:
     wall seconds from spawn to exit, stdout."""
-    env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": lake_uri, "PYTHONPATH": source}
+    env = child_env(source, OML_PG_DSN=dsn, OML_LAKE_URI=lake_uri)
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"],
@@ -106,23 +106,10 @@ def command(dsn: str, lake_uri: str, source: str) -> tuple[float, str]:
     return wall, done.stdout
 
 
-def which_code(source: str) -> str:
-    """Where the command run for `source` imports the product from (a check of the setup)."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import oml_dagster; print(oml_dagster.__file__)"],
-        env={**os.environ, "PYTHONPATH": source},
-        cwd=source,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
 def import_seconds(source: str) -> float:
     """What `oml-lake` pays before its first statement: the interpreter and the command's
     imports (`--help` parses nothing else); the best of three."""
-    env = {**os.environ, "PYTHONPATH": source}
+    env = child_env(source)
     times = []
     for _ in range(3):
         started = time.perf_counter()
@@ -181,13 +168,10 @@ def main() -> None:
     parser.add_argument("--json", help="write the rounds here")
     args = parser.parse_args()
     print(machine())
-    sources = {"this": HERE}
+    # Each checkout's command runs its own code, checked by importing it there (code_root).
+    sources = {"this": code_root(None)}
     if args.baseline_source:
-        sources = {"baseline": os.path.abspath(args.baseline_source), **sources}
-    for name, source in sources.items():
-        code = which_code(source)
-        if not code.startswith(source):
-            raise SystemExit(f"{name}: the command would run {code}, not the code of {source}")
+        sources = {"baseline": code_root(args.baseline_source), **sources}
     startup = {name: round(import_seconds(src), 3) for name, src in sources.items()}
     for name, seconds in startup.items():
         print(f"{name} ({sources[name]}): oml-lake drain --help, best of 3: {seconds:.2f} s")
