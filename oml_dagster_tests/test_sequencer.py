@@ -356,3 +356,48 @@ def test_a_cut_finds_its_rows_by_key_not_by_scanning_the_outbox(conn):
     assert conn.execute("SHOW enable_mergejoin").fetchone() == ("off",)
     conn.execute("RESET enable_mergejoin")
     _assert_cut_invariants(conn)
+
+
+def test_a_cut_counts_only_when_a_row_is_unsequenced(conn, monkeypatch):
+    """Right after a large cut the statistics still count the rows it numbered as unsequenced,
+    and the planner scanned the whole outbox for both counts of every cut that found nothing
+    (a drain until idle makes one per pass). A cut first asks whether any row is unsequenced,
+    reading outbox_unsequenced whatever the statistics say, and counts only when one is."""
+    tenant = producer.create_tenant(conn).tenant_id
+    outbox = (
+        "INSERT INTO oml.outbox (tenant_id, journal_seq, op, payload)"
+        " SELECT %s, j, 'area.upsert', '{}' FROM generate_series(%s::bigint, %s::bigint) j"
+    )
+    conn.execute(outbox, (tenant, 1, 5_000))
+    conn.execute("ANALYZE oml.outbox")  # every row unsequenced, as far as the planner knows
+    assert sequencer.sequence(conn, limit=10_000).sequenced == 5_000
+    statements: list[str] = []
+    execute = conn.execute
+
+    def recorded(query, *args, **kwargs):
+        statements.append(query)
+        return execute(query, *args, **kwargs)
+
+    monkeypatch.setattr(conn, "execute", recorded)
+    idle = sequencer.sequence_for_batches(conn, max_batch=1_000)
+    counted_idle = [
+        q for q in statements if q in (queries.SEQUENCE_PENDING, queries.UNSEQUENCED_BY_TENANT)
+    ]
+    execute(outbox, (tenant, 5_001, 5_001))
+    execute(outbox, (tenant, 5_003, 5_003))  # behind a gap: still unsequenced after the cut
+    statements.clear()
+    one = sequencer.sequence_for_batches(conn, max_batch=1_000)
+    counted_one = [
+        q for q in statements if q in (queries.SEQUENCE_PENDING, queries.UNSEQUENCED_BY_TENANT)
+    ]
+    monkeypatch.undo()
+    plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + queries.ANY_UNSEQUENCED))
+
+    assert idle.sequenced == 0 and idle.deferred_rows == 0 and counted_idle == []
+    assert one.sequenced == 1 and [g.waiting_rows for g in one.gaps] == [1]
+    assert counted_one == [
+        queries.SEQUENCE_PENDING,
+        queries.UNSEQUENCED_BY_TENANT,
+    ]
+    assert "outbox_unsequenced" in plan and "Seq Scan" not in plan
+    _assert_cut_invariants(conn)

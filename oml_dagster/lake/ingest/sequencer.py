@@ -18,6 +18,10 @@ import psycopg
 from oml_dagster.lake import queries
 from oml_dagster.lake.queries import cross_scope
 
+# The most rows one cut numbers, shared by the tenants' quotas (`quotas`): a drain pass's cuts,
+# the sensor's and the drain's cut ahead take this many at a time.
+CUT_LIMIT = 100_000
+
 
 def quotas(pending: dict[str, int], limit: int) -> dict[str, int]:
     """How many of each tenant's pending rows a cut of at most `limit` reads: fair shares,
@@ -83,10 +87,10 @@ class SequencerReport:
         return merged
 
 
-def sequence(conn: psycopg.Connection, limit: int = 100_000) -> SequencerReport:
-    """Run one cut; commits its own transaction."""
+def sequence(conn: psycopg.Connection, limit: int | None = None) -> SequencerReport:
+    """Run one cut of at most `limit` rows (CUT_LIMIT); commits its own transaction."""
     with cross_scope(conn):
-        report, _ = _cut(conn, limit, None)
+        report, _ = _cut(conn, CUT_LIMIT if limit is None else limit, None)
         _count_waiting(conn, report)
     return report
 
@@ -103,7 +107,11 @@ def _cut(
     # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
     start = conn.execute(queries.MAX_SEQ).fetchone()[0]
     if pending is None:
-        pending = dict(conn.execute(queries.SEQUENCE_PENDING).fetchall())
+        pending = (
+            dict(conn.execute(queries.SEQUENCE_PENDING).fetchall())
+            if _any_unsequenced(conn)
+            else {}
+        )
     shares = quotas(pending, limit)
     params = {
         "tenants": list(shares),
@@ -138,8 +146,15 @@ def _assign(conn: psycopg.Connection, params: dict) -> list[tuple[str, int, int,
     return assigned
 
 
+def _any_unsequenced(conn: psycopg.Connection) -> bool:
+    """Whether any outbox row is unsequenced (queries.ANY_UNSEQUENCED says why it is asked)."""
+    return conn.execute(queries.ANY_UNSEQUENCED).fetchone() is not None
+
+
 def _count_waiting(conn: psycopg.Connection, report: SequencerReport) -> None:
     """The rows still unsequenced, into `report`: behind a gap, or deferred to a later cut."""
+    if not _any_unsequenced(conn):
+        return
     now = conn.execute(queries.CLOCK).fetchone()[0]
     for tenant_id, count, min_journal, oldest, last_journal in conn.execute(
         queries.UNSEQUENCED_BY_TENANT
@@ -159,7 +174,7 @@ MOST_CUTS_PER_PASS = 10
 
 
 def sequence_for_batches(
-    conn: psycopg.Connection, max_batch: int, limit: int = 100_000
+    conn: psycopg.Connection, max_batch: int, limit: int | None = None
 ) -> SequencerReport:
     """Cuts until nothing is left to cut, the cuts hold `max_batch` rows for each tenant they
     cut, or MOST_CUTS_PER_PASS cuts are done; one report for all of them. Each cut is its own
@@ -169,6 +184,7 @@ def sequence_for_batches(
     over a backlog of a million rows cost more than the cut itself (bench/RESULTS.md, 3 Dec).
     A later cut shares its limit by the first count less what the cuts took; rows arriving
     meanwhile wait for the next pass's cut."""
+    limit = CUT_LIMIT if limit is None else limit
     report = SequencerReport()
     pending: dict[str, int] | None = None
     for n in range(MOST_CUTS_PER_PASS):
