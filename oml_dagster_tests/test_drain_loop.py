@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import errno
 import gc
+import threading
 import time
 import weakref
 
+import psycopg
 import pyarrow as pa
 import pytest
 
 from oml_dagster.lake.errors import RefusedOp
+from oml_dagster.lake.faults import RetryPolicy
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.ingest.fetch import Fetcher
 from oml_dagster.lake.model.catalog import Op
 from oml_dagster.lake.write import drain as drain_loop
-from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain
+from oml_dagster.lake.write.drain import (
+    DrainObserver,
+    DrainPass,
+    DrainPolicy,
+    drain,
+    drain_riding_through,
+)
 from oml_dagster.lake.write.memory import release_memory
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import acts, producer
@@ -344,3 +353,94 @@ def test_release_memory_frees_arrow_buffers_held_by_reference_cycles():
         assert pa.total_allocated_bytes() - before < 1_000_000
     finally:
         gc.enable()
+
+
+def _holding_the_cut_ahead(monkeypatch, until: threading.Event) -> list[bool]:
+    """Every cut made on the drain's cut-ahead thread waits for `until` (30 s at most) before it
+    runs; returns, per such cut, whether `until` was set in time."""
+    waited: list[bool] = []
+    cut = sequencer.sequence_for_batches
+
+    def held(conn, *args, **kwargs):
+        if threading.current_thread().name.startswith("oml-cut"):
+            waited.append(until.wait(30))
+        return cut(conn, *args, **kwargs)
+
+    monkeypatch.setattr(sequencer, "sequence_for_batches", held)
+    return waited
+
+
+def _unsequenced(conn) -> int:
+    return conn.execute("SELECT count(*) FROM oml.outbox WHERE seq IS NULL").fetchone()[0]
+
+
+def test_a_drain_until_idle_drains_what_is_sequenced_while_its_next_cut_runs(
+    conn, lake, monkeypatch
+):
+    """Over a backlog longer than a cut, the next cut runs on a connection of its own (ADR
+    0055) and the drain does not wait for it while it has sequenced rows to drain: here the
+    cut ahead is held until two batches have committed, which a drain waiting for it would
+    never reach (it would wait the hold's 30 s out). Once the cut is in, the drain takes it
+    and ends idle with everything drained and every row counted once in its passes."""
+    work = seed_tenant(conn, bad=False)
+    more_acts(conn, work, 6)
+    monkeypatch.setattr(sequencer, "CUT_LIMIT", 10)
+    backlog = _unsequenced(conn)
+    assert backlog > 3 * 10
+    released = threading.Event()
+    waited = _holding_the_cut_ahead(monkeypatch, released)
+
+    class Counting(DrainObserver):
+        committed = 0
+
+        def batch_ended(self, result) -> None:
+            self.committed += bool(result.committed)
+            if self.committed == 2:
+                released.set()
+
+    passes = drain(
+        conn, lake, policy=DrainPolicy(until_idle=True, config=SMALL), observer=Counting()
+    )
+
+    assert waited and all(waited)  # every cut ahead was let go by the drain's second batch
+    assert sum(p.sequenced.sequenced for p in passes) == backlog
+    assert _unsequenced(conn) == 0 and sequencer.pending_tenants(conn) == []
+    assert not passes[-1].progressed
+
+
+def test_a_cut_ahead_that_loses_its_connection_is_ridden_through(conn, dsn, lake, monkeypatch):
+    """The cut ahead's session is terminated mid-drain: the fault reaches the drain when it
+    takes the cut, is transient (no tenant's failure), and the ride-through starts over and
+    drains everything."""
+    work = seed_tenant(conn, bad=False)
+    more_acts(conn, work, 6)
+    monkeypatch.setattr(sequencer, "CUT_LIMIT", 10)
+    cut = sequencer.sequence_for_batches
+    killed: list[int] = []
+
+    def lost(cut_conn, *args, **kwargs):
+        if threading.current_thread().name.startswith("oml-cut") and not killed:
+            killed.append(cut_conn.info.backend_pid)
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (killed[0],))
+        return cut(cut_conn, *args, **kwargs)
+
+    monkeypatch.setattr(sequencer, "sequence_for_batches", lost)
+    retried: list[str] = []
+
+    class Retrying(_Watching):
+        def retrying(self, fault, failures, wait) -> None:
+            retried.append(fault.cause)
+
+    watching = Retrying(tolerant=True)
+    drain_riding_through(
+        lambda: psycopg.connect(dsn, autocommit=True),
+        lake,
+        retry=RetryPolicy(attempts=3, seconds=60, base_seconds=0.05, cap_seconds=0.1),
+        policy=DrainPolicy(until_idle=True, config=SMALL),
+        observer=watching,
+    )
+
+    assert killed and len(retried) == 1
+    assert [h for h in watching.heard if h[0] == "failed"] == []
+    assert _unsequenced(conn) == 0 and sequencer.pending_tenants(conn) == []

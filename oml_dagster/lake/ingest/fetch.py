@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import psycopg
 import pyarrow as pa
 
+from oml_dagster.lake.db import second_conninfo
 from oml_dagster.lake.queries import (
     BATCH_SQL,
     FETCH_WORK_MEM,
@@ -60,20 +61,12 @@ class Batch:
         return self.columns.num_rows
 
 
-def _conninfo(conn: psycopg.Connection) -> str:
-    """The connection string of `conn` for a second connection, password included."""
-    params = conn.info.get_parameters()
-    if conn.info.password:
-        params["password"] = conn.info.password
-    return psycopg.conninfo.make_conninfo(**params)
-
-
 class Fetcher:
     """Fetches batches over its own ADBC connection (opened on first use, kept until close).
     One fetch at a time: a fetch waits for the one under way (on the worker thread) to end."""
 
     def __init__(self, conn: psycopg.Connection):
-        self._conninfo = _conninfo(conn)
+        self._conninfo = second_conninfo(conn)
         self._adbc = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
