@@ -59,15 +59,6 @@ def upgrade(conn: psycopg.Connection) -> list[Migration]:
     return applied
 
 
-def second_conninfo(conn: psycopg.Connection) -> str:
-    """The connection string of `conn`, password included, for a second connection of the same
-    login (the fetcher's ADBC connection, the drain's cut ahead)."""
-    params = conn.info.get_parameters()
-    if conn.info.password:
-        params["password"] = conn.info.password
-    return psycopg.conninfo.make_conninfo(**params)
-
-
 def dsn_as(dsn: str, role: str, password: str | None = None) -> str:
     """`dsn` with `role` as its user: `password` when given, no password otherwise (the owner's
     is never handed on). The writer's DSN beside the owner's, for the demo, the tests and the

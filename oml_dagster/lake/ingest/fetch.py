@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import psycopg
 import pyarrow as pa
 
-from oml_dagster.lake.db import second_conninfo
 from oml_dagster.lake.queries import (
     BATCH_SQL,
     FETCH_WORK_MEM,
@@ -59,6 +58,15 @@ class Batch:
 
     def __len__(self) -> int:
         return self.columns.num_rows
+
+
+def second_conninfo(conn: psycopg.Connection) -> str:
+    """The connection string of `conn`, password included, for a second connection of the same
+    login (the fetcher's ADBC connection, the drain's cut ahead)."""
+    params = conn.info.get_parameters()
+    if conn.info.password:
+        params["password"] = conn.info.password
+    return psycopg.conninfo.make_conninfo(**params)
 
 
 class Fetcher:

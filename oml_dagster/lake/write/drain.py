@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from oml_dagster.lake.db import second_conninfo
 from oml_dagster.lake.faults import Fault, RetryPolicy, is_transient, retrying
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.ingest.fetch import Batch, Fetcher
+from oml_dagster.lake.ingest.fetch import Batch, Fetcher, second_conninfo
 from oml_dagster.lake.ingest.sequencer import SequencerReport
 from oml_dagster.lake.store.storage import Lake, OpenTables
 from oml_dagster.lake.write.memory import MemoryGovernor, release_memory
