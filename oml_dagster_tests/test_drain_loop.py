@@ -444,3 +444,44 @@ def test_a_cut_ahead_that_loses_its_connection_is_ridden_through(conn, dsn, lake
     assert killed and len(retried) == 1
     assert [h for h in watching.heard if h[0] == "failed"] == []
     assert _unsequenced(conn) == 0 and sequencer.pending_tenants(conn) == []
+
+
+def test_a_cut_ahead_that_ends_during_a_pass_with_nothing_to_drain_is_taken(
+    conn, lake, monkeypatch
+):
+    """A pass that found nothing to drain while the cut ahead ran is not idle, even when the
+    cut has ended by the time the pass is judged: the next pass takes its rows. Here the cut
+    ahead is held until such a pass has read that nothing is pending, then let end before the
+    pass is judged."""
+    work = seed_tenant(conn, bad=False)
+    more_acts(conn, work, 6)
+    monkeypatch.setattr(sequencer, "CUT_LIMIT", 10)
+    backlog = _unsequenced(conn)
+    released, cut_ended = threading.Event(), threading.Event()
+    cut, pending = sequencer.sequence_for_batches, sequencer.pending_tenants
+
+    def held(cut_conn, *args, **kwargs):
+        if not threading.current_thread().name.startswith("oml-cut"):
+            return cut(cut_conn, *args, **kwargs)
+        assert released.wait(30)
+        try:
+            return cut(cut_conn, *args, **kwargs)
+        finally:
+            cut_ended.set()
+
+    def nothing_pending_then_the_cut_ends(*args, **kwargs):
+        found = pending(*args, **kwargs)
+        if not found and not released.is_set():
+            released.set()
+            assert cut_ended.wait(30)
+            time.sleep(0.2)  # the cut's future is done a moment after the cut returns
+        return found
+
+    monkeypatch.setattr(sequencer, "sequence_for_batches", held)
+    monkeypatch.setattr(sequencer, "pending_tenants", nothing_pending_then_the_cut_ends)
+
+    passes = drain(conn, lake, policy=DrainPolicy(until_idle=True, config=SMALL))
+
+    assert released.is_set() and cut_ended.is_set()
+    assert sum(p.sequenced.sequenced for p in passes) == backlog
+    assert _unsequenced(conn) == 0 and pending(conn) == []

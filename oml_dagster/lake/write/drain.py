@@ -183,8 +183,9 @@ class _Drain:
             pass_started = time.monotonic()
             current = self._one_pass(last=n + 1 == self.policy.max_passes, waits=not moved)
             moved = any(b.committed or b.refused for b in current.batches)
-            # A cut under way is progress to come: the next pass waits for it.
-            idle = not current.progressed and not (self.cut_ahead and self.cut_ahead.under_way())
+            # A cut ahead not yet taken (under way, or ended since the pass looked) is progress
+            # to come: the next pass takes it, waiting for it if it must.
+            idle = not current.progressed and not (self.cut_ahead and self.cut_ahead.untaken())
             if not idle or self.policy.poll_seconds is None or not passes:
                 passes.append(current)
             self.observer.pass_ended(current)
@@ -327,6 +328,10 @@ class _CutAhead:
     def under_way(self) -> bool:
         """Whether a cut was started and has not ended."""
         return self._future is not None and not self._future.done()
+
+    def untaken(self) -> bool:
+        """Whether a cut was started and not taken yet (`take`)."""
+        return self._future is not None
 
     def take(self) -> SequencerReport | None:
         """The cut started last, once it ends (its error, if it failed); None when none was."""
