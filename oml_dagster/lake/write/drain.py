@@ -304,8 +304,8 @@ class _CutAhead:
     it numbers: 1.5-2.9 s per 100,000 rows here) before its first batch, and the drain waited;
     made ahead, Postgres numbers them on the other core while the writer drains the rows
     already sequenced (ADR 0055). Started only when a pass's cut left rows waiting and another
-    pass follows; a later pass takes it (`_Drain._cut`), and the drain is not idle while it is
-    under way. A cut is its own transaction under the sequencer's lock, as every other cut (the
+    pass follows; a later pass takes it (`_Drain._cut`), and the drain is not idle until it has
+    (`untaken`). A cut is its own transaction under the sequencer's lock, as every other cut (the
     sensor's, another drain's): its rows are sequenced whether or not this drain drains them."""
 
     def __init__(self, conn: psycopg.Connection, max_batch: int):
