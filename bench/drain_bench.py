@@ -12,8 +12,6 @@ of the drain process, and its RSS sampled over time.
 (`git archive <commit> | tar -x -C DIR`) for a same-run comparison. Every drain starts from the
 database as the workload left it (a template copy): nothing sequenced, no verdicts.
 
-`--profile FILE` runs this checkout's first drain under cProfile and prints its top functions.
-
 `--writer-role` drains this checkout's code as a deployment's writer login role (row-level
 security on, ADR 0049) instead of the DSN's own user; `--repeats N` runs every (cap, code) N
 times, interleaved. The cost of row-level security, beside the code before it:
@@ -59,12 +57,6 @@ def _memory_mib(pid: int) -> tuple[float, float]:
     return found.get("VmRSS", 0.0), found.get("VmHWM", 0.0)
 
 
-# The command's main() under cProfile, its statistics written to {path}.
-_PROFILED = (
-    "import cProfile, sys; from oml_dagster.cli import main; "
-    "cProfile.runctx('main(sys.argv[1:])', globals(), locals(), {path!r})"
-)
-
 # RSS is kept every quarter second (the plot); the peak is read every 20 ms from the kernel's
 # high-water mark, which also holds the spikes between two readings (a batch's commit can rise
 # and fall ~100 MiB within 0.25 s: bench/memory_phases.py).
@@ -78,14 +70,11 @@ def drain_once(
     max_batch: int,
     source: str | None = None,
     drain_dsn: str | None = None,
-    profile: str | None = None,
 ) -> dict:
     """Drain everything into a fresh lake in a child process, from the database as the workload
     left it (nothing sequenced, no verdicts). With `source` (a checkout of an earlier commit)
     the child runs that code: a baseline from the same run, on the same workload. With
-    `drain_dsn` the child connects with that DSN (a writer role's) instead of `dsn`. With
-    `profile` the child runs under cProfile (its main thread: the fetcher's and the cut ahead's
-    threads are not in it) and writes its statistics there."""
+    `drain_dsn` the child connects with that DSN (a writer role's) instead of `dsn`."""
     snapshot.restore()
     with psycopg.connect(dsn, autocommit=True) as conn:
         ops = conn.execute("SELECT count(*) FROM oml.outbox").fetchone()[0]
@@ -95,8 +84,6 @@ def drain_once(
             root, OML_PG_DSN=drain_dsn or dsn, OML_LAKE_URI=os.path.join(tmp, "oml-lake")
         )
         cmd = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle"]
-        if profile:  # `oml-lake` ends with os._exit, which `python -m cProfile` cannot outlive
-            cmd[1:3] = ["-c", _PROFILED.format(path=profile)]
         cmd += ["--max-batch", str(max_batch)]
         samples: list[tuple[float, float]] = []
         peak = [0.0]
@@ -161,13 +148,7 @@ def main() -> None:
         help="this checkout drains as a writer login role (row-level security on, ADR 0049)",
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each (cap, code)")
-    parser.add_argument(
-        "--profile",
-        help="a cProfile statistics file: this checkout's first drain runs under cProfile (its"
-        " main thread), which slows it; the top functions are printed",
-    )
     args = parser.parse_args()
-    profile = os.path.abspath(args.profile) if args.profile else None
 
     with fresh_database() as dsn:
         started = time.perf_counter()
@@ -180,10 +161,7 @@ def main() -> None:
         try:
             for cap in args.max_batch:
                 for _ in range(args.repeats):
-                    results.append(
-                        drain_once(snapshot, dsn, cap, drain_dsn=drain_dsn, profile=profile)
-                    )
-                    profile = None  # the first drain only
+                    results.append(drain_once(snapshot, dsn, cap, drain_dsn=drain_dsn))
                     for source in args.baseline_source:
                         results.append(drain_once(snapshot, dsn, cap, source))
         finally:
@@ -200,12 +178,6 @@ def main() -> None:
             f" {r['dead_letters']} dead letters ({r['injected_faults']} injected faults),"
             f" peak RSS {r['peak_rss_mib']} MiB ({r['source']}: {r['code']})"
         )
-    if args.profile:
-        import pstats
-
-        print(f"cProfile of the first drain ({results[0]['seconds']} s under the profiler):")
-        for order in ("tottime", "cumulative"):
-            pstats.Stats(args.profile).sort_stats(order).print_stats(30)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "results": results}, f)
