@@ -355,16 +355,23 @@ def test_release_memory_frees_arrow_buffers_held_by_reference_cycles():
         gc.enable()
 
 
-def _holding_the_cut_ahead(monkeypatch, until: threading.Event) -> list[bool]:
+def _holding_the_cut_ahead(
+    monkeypatch, until: threading.Event, ended: threading.Event | None = None
+) -> list[bool]:
     """Every cut made on the drain's cut-ahead thread waits for `until` (30 s at most) before it
-    runs; returns, per such cut, whether `until` was set in time."""
+    runs, and sets `ended` when it has; returns, per such cut, whether `until` was set in time."""
     waited: list[bool] = []
     cut = sequencer.sequence_for_batches
 
     def held(conn, *args, **kwargs):
-        if threading.current_thread().name.startswith("oml-cut"):
-            waited.append(until.wait(30))
-        return cut(conn, *args, **kwargs)
+        if not threading.current_thread().name.startswith("oml-cut"):
+            return cut(conn, *args, **kwargs)
+        waited.append(until.wait(30))
+        try:
+            return cut(conn, *args, **kwargs)
+        finally:
+            if ended is not None:
+                ended.set()
 
     monkeypatch.setattr(sequencer, "sequence_for_batches", held)
     return waited
@@ -458,16 +465,8 @@ def test_a_cut_ahead_that_ends_during_a_pass_with_nothing_to_drain_is_taken(
     monkeypatch.setattr(sequencer, "CUT_LIMIT", 10)
     backlog = _unsequenced(conn)
     released, cut_ended = threading.Event(), threading.Event()
-    cut, pending = sequencer.sequence_for_batches, sequencer.pending_tenants
-
-    def held(cut_conn, *args, **kwargs):
-        if not threading.current_thread().name.startswith("oml-cut"):
-            return cut(cut_conn, *args, **kwargs)
-        assert released.wait(30)
-        try:
-            return cut(cut_conn, *args, **kwargs)
-        finally:
-            cut_ended.set()
+    waited = _holding_the_cut_ahead(monkeypatch, released, cut_ended)
+    pending = sequencer.pending_tenants
 
     def nothing_pending_then_the_cut_ends(*args, **kwargs):
         found = pending(*args, **kwargs)
@@ -477,11 +476,10 @@ def test_a_cut_ahead_that_ends_during_a_pass_with_nothing_to_drain_is_taken(
             time.sleep(0.2)  # the cut's future is done a moment after the cut returns
         return found
 
-    monkeypatch.setattr(sequencer, "sequence_for_batches", held)
     monkeypatch.setattr(sequencer, "pending_tenants", nothing_pending_then_the_cut_ends)
 
     passes = drain(conn, lake, policy=DrainPolicy(until_idle=True, config=SMALL))
 
-    assert released.is_set() and cut_ended.is_set()
+    assert waited and all(waited) and cut_ended.is_set()
     assert sum(p.sequenced.sequenced for p in passes) == backlog
     assert _unsequenced(conn) == 0 and pending(conn) == []

@@ -44,8 +44,13 @@ class DrainPass:
         return sum(c.sequenced for t, c in self.sequenced.tenants.items() if self.scope(t))
 
     @property
+    def moved(self) -> bool:
+        """Whether a batch of the pass committed or refused anything."""
+        return any(b.committed or b.refused for b in self.batches)
+
+    @property
     def progressed(self) -> bool:
-        return self.sequenced_here > 0 or any(b.committed or b.refused for b in self.batches)
+        return self.sequenced_here > 0 or self.moved
 
 
 @dataclass(frozen=True)
@@ -178,11 +183,12 @@ class _Drain:
 
     def passes(self) -> list[DrainPass]:
         passes: list[DrainPass] = []
-        moved = False  # whether the last pass's batches committed or refused anything
+        current: DrainPass | None = None
         for n in range(self.policy.max_passes):
             pass_started = time.monotonic()
-            current = self._one_pass(last=n + 1 == self.policy.max_passes, waits=not moved)
-            moved = any(b.committed or b.refused for b in current.batches)
+            # A pass waits for a cut ahead under way unless the last pass's batches moved.
+            waits = current is None or not current.moved
+            current = self._one_pass(last=n + 1 == self.policy.max_passes, waits=waits)
             # A cut ahead not yet taken (under way, or ended since the pass looked) is progress
             # to come: the next pass takes it, waiting for it if it must.
             idle = not current.progressed and not (self.cut_ahead and self.cut_ahead.untaken())
@@ -321,7 +327,7 @@ class _CutAhead:
         self._future = self._pool.submit(self._cut)
 
     def _cut(self) -> SequencerReport:
-        if self._conn is None or self._conn.closed:
+        if self._conn is None:  # a failed cut ends the drain's try: no reconnecting here
             self._conn = psycopg.connect(self._conninfo, autocommit=True)
         return sequencer.sequence_for_batches(self._conn, self._max_batch)
 
