@@ -13,7 +13,7 @@ import psycopg
 
 from oml_dagster.lake import db
 from oml_dagster.lake.faults import RetryPolicy
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import (
     ERASURE_CADENCE_SECONDS,

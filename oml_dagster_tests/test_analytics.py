@@ -19,7 +19,8 @@ from oml_dagster import cli
 from oml_dagster.defs.analytics import ANALYTICS_KEYS
 from oml_dagster.lake import analytics
 from oml_dagster.lake.model.tables import GOLD_AREAS, SILVER_CLAIMS
-from oml_dagster.lake.store.storage import Lake, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import acts, producer

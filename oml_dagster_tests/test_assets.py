@@ -14,7 +14,7 @@ from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import WriterResource
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import acts
 

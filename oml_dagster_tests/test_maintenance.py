@@ -34,7 +34,8 @@ from oml_dagster.defs.resources import DeploymentSettings, LakeResource, Postgre
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.lake.store import deltalog, maintenance, rewrites
-from oml_dagster.lake.store.storage import Lake, read_rows, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer

@@ -18,7 +18,7 @@ from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import LakeResource, PostgresResource, WriterResource
 from oml_dagster.defs.shards import SHARD_TAG, shard_of
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.store.storage import tenant_tables
+from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 
 from .dagster_support import (

@@ -22,9 +22,10 @@ from oml_dagster.lake.audit.reconcile import reconcile
 from oml_dagster.lake.errors import CrossTenantAccess, InvalidSetting, TenantCredentialsRefused
 from oml_dagster.lake.faults import EXIT_PERMANENT, describe
 from oml_dagster.lake.model.tables import BRONZE_EVENTS
-from oml_dagster.lake.store import storage
+from oml_dagster.lake.store import conditional_put
+from oml_dagster.lake.store.credentials import layered
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.maintenance import maintain
-from oml_dagster.lake.store.storage import Lake, layered
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.settings import TenantStorageReferences
 from oml_dagster.simulate import producer
@@ -303,7 +304,7 @@ def test_each_tenant_is_written_and_read_with_its_own_credentials_only(
     assert any("/_delta_log/" in k for k in store.keys(f"oml-lake/{B}/"))
     assert not [k for k in store.keys("oml-lake/") if "_oml_probe" in k]  # probes cleaned up
     assert lake.for_tenant(A).own_source == f"file {tmp_path / 'own' / f'{A}.json'}"
-    assert storage._store_key(lake.for_tenant(A))[3] == mine["AWS_ACCESS_KEY_ID"]
+    assert conditional_put.store_key(lake.for_tenant(A)).signer == mine["AWS_ACCESS_KEY_ID"]
     # Maintenance, evidence, reconcile, doctor and analytics resolve A the same way.
     assert maintain(conn, lake, A)
     assert erasure_evidence(conn, lake, A).tenant_id == A

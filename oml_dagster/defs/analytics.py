@@ -22,7 +22,7 @@ import dagster as dg
 
 from oml_dagster.lake import analytics
 from oml_dagster.lake.model.tables import DEMOTED, ERASED, HELD, PROMOTED
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 
 from .assets import AREAS, BRONZE, CURATED, LINEAGE, OUTBOX, SILVER, TABLE_OF
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions

@@ -38,7 +38,7 @@ from oml_dagster.lake.model.tables import (
 )
 from oml_dagster.lake.policy import lag
 from oml_dagster.lake.queries import tenant_scope
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write import deadletter
 from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.write.writer import COMMITS, BatchResult, TableOutcome

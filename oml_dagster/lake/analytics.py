@@ -45,7 +45,8 @@ from oml_dagster.lake.model.tables import (
     area_descendants,
 )
 from oml_dagster.lake.queries import tenant_scope
-from oml_dagster.lake.store.storage import Lake, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import tenant_tables
 
 # View name of each core table in a tenant's DuckDB connection.
 VIEW_OF: dict[str, str] = {spec.name: spec.name.replace(".", "_") for spec in CORE_TABLES}

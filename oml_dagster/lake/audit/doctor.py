@@ -38,7 +38,8 @@ from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL
 from oml_dagster.lake.policy import lag
 from oml_dagster.lake.queries import tenant_scope
 from oml_dagster.lake.store.deltalog import last_checkpoint
-from oml_dagster.lake.store.storage import Lake, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import tenant_tables
 
 DEFAULT_LAG_LIMIT = dt.timedelta(minutes=15)
 

@@ -67,7 +67,8 @@ from oml_dagster.lake.model.tables import (
 )
 from oml_dagster.lake.model.tables import ERASED as ERASED_STATE
 from oml_dagster.lake.queries import cross_scope, tenant_scope
-from oml_dagster.lake.store.storage import Lake, read_rows, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
 
 GENESIS_HASH = bytes(32)
 SAMPLE = 5

@@ -47,8 +47,9 @@ from oml_dagster.lake.errors import MaintenanceDamage
 from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
 from oml_dagster.lake.policy import erasure_bound
 from oml_dagster.lake.store.deltalog import Listing, commit_name, list_files, live_files
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.lake.store.rewrites import maintenance_commit, rewrite_lock
-from oml_dagster.lake.store.storage import Lake, tenant_tables
 
 # One maintenance step on one table.
 Operation = Literal["compact", "zorder", "checkpoint", "vacuum", "log-cleanup", "properties"]
