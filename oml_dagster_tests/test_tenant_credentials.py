@@ -15,7 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from oml_dagster import from_settings
-from oml_dagster.lake import analytics
+from oml_dagster.lake.analytics import reports, sandbox
 from oml_dagster.lake.audit.doctor import examine
 from oml_dagster.lake.audit.erasure import erasure_evidence
 from oml_dagster.lake.audit.reconcile import reconcile
@@ -310,8 +310,8 @@ def test_each_tenant_is_written_and_read_with_its_own_credentials_only(
     assert erasure_evidence(conn, lake, A).tenant_id == A
     assert reconcile(conn, lake, A).ok
     assert examine(conn, lake, A).tenant_id == A
-    with analytics.tenant_connection(lake, A) as tc:
-        assert analytics.event_volume(tc)
+    with sandbox.tenant_connection(lake, A) as tc:
+        assert reports.event_volume(tc)
 
     # A's credentials read and write A's prefix, and are refused on B's and on the root.
     a, b_key = store.client(mine), store.keys(f"oml-lake/{B}/")[0]
