@@ -34,7 +34,18 @@ from oml_dagster.lake.audit.doctor import (
 )
 from oml_dagster.lake.audit.erasure import APPLIED
 from oml_dagster.lake.audit.reconcile import reconcile
-from oml_dagster.lake.faults import Fault, RetryPolicy, describe, retrying
+from oml_dagster.lake.faults import (
+    EXIT_FINDINGS,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OUTPUT_CLOSED,
+    EXIT_USAGE,
+    Fault,
+    RetryPolicy,
+    describe,
+    retrying,
+)
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.policy import lag, resolve_tenants
 from oml_dagster.lake.write import deadletter
@@ -61,7 +72,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         _print("schema oml is up to date")
     for role in args.writer_role or []:
         _print(f"writer role {role}: may log in, holds nothing outside a tenant or cross scope")
-    return 0
+    return EXIT_OK
 
 
 def _report_cut(report: sequencer.SequencerReport) -> None:
@@ -85,7 +96,7 @@ def cmd_sequence(args: argparse.Namespace) -> int:
     _report_cut(report)
     if not report.tenants:
         _print("nothing to sequence")
-    return 0
+    return EXIT_OK
 
 
 def _writer_config(max_batch: int | None) -> WriterConfig:
@@ -209,7 +220,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         printed.close()
 
@@ -232,7 +243,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         _print(
             f"gap tenant {gap.tenant_id}: {gap.waiting_rows} rows wait for journal_seq {gap.missing_journal_seq}"
         )
-    return 0
+    return EXIT_OK
 
 
 def _tenants(conn, named: list[str] | None) -> list[str]:
@@ -298,7 +309,7 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                     f"  FINDING: a lost lake: {len(lost)} tables the frontier records are missing "
                     f"({', '.join(lost)}); the evidence covers what is left: backfill the tenant"
                 )
-    return 1 if unwell else 0
+    return EXIT_FINDINGS if unwell else EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -321,7 +332,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 _print(f"  {r.table} {r.name}: {verdict} ({r.checked} checked)")
                 for line in r.samples(args.samples):
                     _print(f"    {line}")
-    return 1 if found else 0
+    return EXIT_FINDINGS if found else EXIT_OK
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -345,7 +356,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             )
             for problem in health.problems:
                 _print(f"  {problem}")
-    return 1 if unwell else 0
+    return EXIT_FINDINGS if unwell else EXIT_OK
 
 
 def cmd_deadletter_list(args: argparse.Namespace) -> int:
@@ -363,7 +374,7 @@ def cmd_deadletter_list(args: argparse.Namespace) -> int:
         _print(f"seq {d.seq} tenant {d.tenant_id} {_refusal(d.op, d.reason)}{closed}")
     if not letters:
         _print("no dead letters")
-    return 0
+    return EXIT_OK
 
 
 def _refusal(op: str, reason: str) -> str:
@@ -375,7 +386,7 @@ def cmd_deadletter_resolve(args: argparse.Namespace) -> int:
     with from_settings.connect() as conn:
         when = deadletter.resolve(conn, args.seq, args.by, args.reason)
     _print(f"resolved dead letter {args.seq} at {when:%Y-%m-%dT%H:%M:%SZ} by {args.by.strip()}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
@@ -385,9 +396,9 @@ def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
             new_id = deadletter.requeue(conn, args.seq, args.by, payload)
         except deadletter.RequeueError as error:
             print(f"oml-lake: {error}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     _print(f"re-enqueued dead letter {args.seq} as outbox row {new_id}")
-    return 0
+    return EXIT_OK
 
 
 def _per_tenant(
@@ -521,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         # Nothing more can be written there; keep the interpreter from failing on it again.
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return EXIT_OUTPUT_CLOSED
     except Exception as error:
         line, code = describe(error)
         if _debugging(args):
@@ -548,15 +559,15 @@ def entry() -> NoReturn:
         except SystemExit as stop:  # argparse's usage errors, --help
             code = stop.code
         except KeyboardInterrupt:
-            code = 130  # what a shell reports for a command stopped by Ctrl-C, as before
+            code = EXIT_INTERRUPTED
         except BaseException:
             traceback.print_exc()
-            code = 1
+            code = EXIT_INTERNAL
     if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
+        print(code, file=sys.stderr)  # a SystemExit with a message, as the interpreter does
+        code = EXIT_FINDINGS
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(code or 0)
+    os._exit(code or EXIT_OK)

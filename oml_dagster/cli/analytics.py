@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from oml_dagster import from_settings
+from oml_dagster.lake.faults import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from oml_dagster.lake.policy import resolve_tenants
 from oml_dagster.settings import PG_DSN
 
@@ -107,19 +108,19 @@ def _run_one(tc: TenantConnection, sql: str, as_json: bool) -> int:
         columns, rows = run_query(tc, sql)
     except RefusedQuery as refused:
         print(f"oml-lake sql: refused: {refused.reason}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except duckdb.Error as error:
         print(f"oml-lake sql: {error}", file=sys.stderr)
-        return 1
+        return EXIT_FINDINGS
     _emit(columns, rows, as_json)
-    return 0
+    return EXIT_OK
 
 
 def _interactive(tc: TenantConnection, as_json: bool) -> int:
     _print(f"tenant {tc.tenant_id}: views {', '.join(sorted(tc.views))}")
     _print("read-only SQL; end a query with ';', quit with Ctrl-D")
     buffer: list[str] = []
-    worst = 0
+    worst = EXIT_OK
     while True:
         try:
             line = input("oml-lake> " if not buffer else "      ..> ")
@@ -150,7 +151,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
                 f"oml-lake sql: tenant {args.tenant} has no lake tables under {lake.root}",
                 file=sys.stderr,
             )
-            return 1
+            return EXIT_FINDINGS
         if args.query:
             return _run_one(tc, args.query, args.json)
         if sys.stdin.isatty():
@@ -193,7 +194,7 @@ def cmd_areas_at(args: argparse.Namespace) -> int:
                 "(a lost lake, or one not drained yet: backfill or drain the tenant)",
                 file=sys.stderr,
             )
-            return 1
+            return EXIT_FINDINGS
         replay = areas.replay_areas(
             args.tenant, areas.area_events(tc), as_of=args.date, refused_journal_seqs=refused
         )
@@ -204,7 +205,7 @@ def cmd_areas_at(args: argparse.Namespace) -> int:
         _print(json.dumps(_areas_document(args.tenant, replay, differences)))
     else:
         _print_areas(args.tenant, replay, differences)
-    return 1 if differences else 0
+    return EXIT_FINDINGS if differences else EXIT_OK
 
 
 def _areas_document(tenant_id: str, replay: AreaReplay, differences: list[str]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from oml_dagster import from_settings
+from oml_dagster.lake.faults import EXIT_FINDINGS, EXIT_OK, EXIT_PERMANENT, EXIT_USAGE
 
 if TYPE_CHECKING:
     from oml_dagster.simulate.runner import RunConfig, RunReport
@@ -100,7 +101,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     if args.duration is not None and args.rate is None:
         print("oml-lake simulate: --duration needs --rate", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         workload = WorkloadConfig(
             tenants=args.tenants, claims=args.claims, seed=args.seed, bad_ratio=args.bad_ratio
@@ -114,19 +115,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         print(f"oml-lake simulate: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         report = run(from_settings.dsn(), workload, config)
     except SimulationError as error:
         print(f"oml-lake simulate: {error}", file=sys.stderr)
-        return 1
+        return EXIT_PERMANENT
     _report(report, workload, config)
     if not args.verify:
-        return 0
+        return EXIT_OK
     with from_settings.connect() as conn:
         results = verify.verify(conn, report.tenants)
     for result in results:
         _print("  verify " + result.summary())
         for error in result.errors:
             _print(f"    {error}")
-    return 0 if all(r.ok for r in results) else 1
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FINDINGS

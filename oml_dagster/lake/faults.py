@@ -32,13 +32,16 @@ from oml_dagster.lake.errors import (
     VerdictConflict,
 )
 
-# Exit codes by class (README "Exit codes"). 1 and 2 keep their meanings: a check found something,
-# a usage error or refused input.
-EXIT_FINDINGS = 1
-EXIT_USAGE = 2
+# The exit codes of `oml-lake`, one name each (README "Exit codes" is this table): every command
+# returns one of these, and a fault's class (`Fault.exit_code`) picks among 2, 3, 4 and 70.
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # a check found something
+EXIT_USAGE = 2  # a usage error, or input refused
 EXIT_PERMANENT = 3  # a person must fix something: configuration, credentials, space, schema
 EXIT_TRANSIENT = 4  # transient faults outlasted the retry bound: the service stayed away
 EXIT_INTERNAL = 70  # a bug (EX_SOFTWARE): the traceback is under --debug
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: what a shell reports for a command it stopped
+EXIT_OUTPUT_CLOSED = 141  # stdout's reader went away (128 + SIGPIPE, as a shell reports it)
 
 
 @dataclass(frozen=True)
@@ -428,9 +431,6 @@ class RetryPolicy:
         """The wait after the `failures`-th fault in a row (1-based)."""
         ceiling = min(self.cap_seconds, self.base_seconds * 2 ** (failures - 1))
         return (rng or random).uniform(self.base_seconds / 2, ceiling)
-
-
-NO_RETRY = RetryPolicy(attempts=1, seconds=0.0)
 
 
 @dataclass
