@@ -479,10 +479,11 @@ def test_maintain_command_prints_what_it_rewrote_removed_and_kept(conn, lake, te
 
 def test_schedules_request_one_run_per_tenant_partition():
     tick = dt.datetime(2026, 3, 1, 4, tzinfo=dt.UTC)
+    schedules = maintenance_defs.build_schedules(DeploymentSettings())
     with instance_for_test() as instance:
         repository = Definitions(
             jobs=maintenance_defs.MAINTENANCE_JOBS,
-            schedules=maintenance_defs.MAINTENANCE_SCHEDULES,
+            schedules=schedules,
             resources={"postgres": PostgresResource(), "lake": LakeResource()},
         ).get_repository_def()
 
@@ -492,10 +493,10 @@ def test_schedules_request_one_run_per_tenant_partition():
             ) as context:
                 return schedule.evaluate_tick(context)
 
-        for schedule in maintenance_defs.MAINTENANCE_SCHEDULES:
+        for schedule in schedules:
             assert evaluate(schedule).skip_message == "no tenant partitions yet"
         instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, ["t-a", "t-b"])
-        for schedule in maintenance_defs.MAINTENANCE_SCHEDULES:
+        for schedule in schedules:
             requests = evaluate(schedule).run_requests
             assert all(isinstance(r, RunRequest) for r in requests)
             assert sorted(r.partition_key for r in requests) == ["t-a", "t-b"]

@@ -15,7 +15,7 @@ sensor's lake-writer runs (`docs/decisions/0019-analytics-assets.md`).
 import datetime as dt
 import functools
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import dagster as dg
@@ -26,7 +26,7 @@ from oml_dagster.lake.store.layout import Lake
 
 from .assets import AREAS, BRONZE, CURATED, LINEAGE, OUTBOX, SILVER, TABLE_OF
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import LakeResource, PostgresResource, settings
+from .resources import DeploymentSettings, LakeResource, PostgresResource
 
 warnings.filterwarnings(
     "ignore", "Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning
@@ -269,19 +269,25 @@ lake_analytics_job = dg.define_asset_job(
 )
 
 
-@dg.schedule(
-    name="daily_analytics_schedule",
-    job=lake_analytics_job,
-    cron_schedule=settings.analytics_cron,
-    execution_timezone=settings.schedule_timezone,
-    default_status=(
-        dg.DefaultScheduleStatus.RUNNING if settings.autostart else dg.DefaultScheduleStatus.STOPPED
-    ),
-    description="One lake_analytics_job run per tenant partition.",
-)
-def daily_analytics_schedule(context: dg.ScheduleEvaluationContext):
+def analytics_requests(
+    context: dg.ScheduleEvaluationContext,
+) -> Iterator[dg.SkipReason | dg.RunRequest]:
     tenants = context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
     if not tenants:
-        return dg.SkipReason("no tenant partitions yet")
+        yield dg.SkipReason("no tenant partitions yet")
+        return
     tick = context.scheduled_execution_time.isoformat()
-    return [dg.RunRequest(run_key=f"analytics:{t}:{tick}", partition_key=t) for t in tenants]
+    for t in tenants:
+        yield dg.RunRequest(run_key=f"analytics:{t}:{tick}", partition_key=t)
+
+
+def build_analytics_schedule(settings: DeploymentSettings) -> dg.ScheduleDefinition:
+    return dg.ScheduleDefinition(
+        name="daily_analytics_schedule",
+        job=lake_analytics_job,
+        cron_schedule=settings.analytics_cron,
+        execution_timezone=settings.schedule_timezone,
+        execution_fn=analytics_requests,
+        default_status=settings.schedule_status,
+        description="One lake_analytics_job run per tenant partition.",
+    )

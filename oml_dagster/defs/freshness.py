@@ -31,6 +31,7 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetRecordsFilter,
     Config,
@@ -62,7 +63,7 @@ from oml_dagster.settings import FRESHNESS_BOUND_SECONDS, FRESHNESS_INTERVAL_SEC
 
 from .assets import AREAS, BRONZE, LINEAGE, OUTBOX, SILVER
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import PostgresResource, settings
+from .resources import PostgresResource
 from .sensors import IN_FLIGHT, writers_in_flight
 
 # A check stored per tenant partition needs `partitions_def`, a preview in this Dagster release.
@@ -209,40 +210,40 @@ def lag_plot(points: Sequence[tuple[float, float]]) -> MetadataValue:
     )
 
 
-config = FreshnessSettings.from_env()
+def build_freshness_check(freshness: FreshnessSettings) -> AssetChecksDefinition:
+    """`fresh_within_bound`, judged against `freshness.bound_seconds`."""
 
-_DESCRIPTION = (
-    "The tenant's oldest outbox row not yet in every core table (bronze, silver, lineage, "
-    "areas; unsequenced rows included) is at most OML_FRESHNESS_BOUND_SECONDS old "
-    f"(here {config.bound_seconds:.0f} s). Judged every OML_FRESHNESS_INTERVAL_SECONDS by "
-    "lake_freshness_sensor (one run per tick for all tenants to report, never one per tenant); "
-    "fails with severity ERROR, naming the lag."
-)
-
-
-@asset_check(
-    asset=BRONZE,
-    name=CHECK_NAME,
-    partitions_def=tenant_partitions,
-    additional_deps=[OUTBOX, SILVER, LINEAGE, AREAS],
-    description=_DESCRIPTION,
-)
-def fresh_within_bound(
-    context: AssetCheckExecutionContext, postgres: PostgresResource
-) -> AssetCheckResult:
-    tenant_id = context.partition_key
-    with postgres.connect() as conn:
-        lag = tenant_lags(conn, [tenant_id]).get(tenant_id)
-    passed, description, metadata = judge(lag, config.bound_seconds)
-    metadata["lag_over_time"] = lag_plot(
-        lag_history(context.instance, tenant_id, metadata["lag_seconds"])
+    @asset_check(
+        asset=BRONZE,
+        name=CHECK_NAME,
+        partitions_def=tenant_partitions,
+        additional_deps=[OUTBOX, SILVER, LINEAGE, AREAS],
+        description=(
+            "The tenant's oldest outbox row not yet in every core table (bronze, silver, "
+            "lineage, areas; unsequenced rows included) is at most OML_FRESHNESS_BOUND_SECONDS "
+            f"old (here {freshness.bound_seconds:.0f} s). Judged every "
+            "OML_FRESHNESS_INTERVAL_SECONDS by lake_freshness_sensor (one run per tick for all "
+            "tenants to report, never one per tenant); fails with severity ERROR, naming the lag."
+        ),
     )
-    return AssetCheckResult(
-        passed=passed,
-        severity=AssetCheckSeverity.ERROR,
-        description=description,
-        metadata=metadata,
-    )
+    def fresh_within_bound(
+        context: AssetCheckExecutionContext, postgres: PostgresResource
+    ) -> AssetCheckResult:
+        tenant_id = context.partition_key
+        with postgres.connect() as conn:
+            lag = tenant_lags(conn, [tenant_id]).get(tenant_id)
+        passed, description, metadata = judge(lag, freshness.bound_seconds)
+        metadata["lag_over_time"] = lag_plot(
+            lag_history(context.instance, tenant_id, metadata["lag_seconds"])
+        )
+        return AssetCheckResult(
+            passed=passed,
+            severity=AssetCheckSeverity.ERROR,
+            description=description,
+            metadata=metadata,
+        )
+
+    return fresh_within_bound
 
 
 # --- the sensor ----------------------------------------------------------------------------------
@@ -428,6 +429,3 @@ def build_freshness_sensor(freshness: FreshnessSettings, autostart: bool) -> Sen
         return SensorResult(run_requests=[request], cursor=cursor.dumps())
 
     return lake_freshness_sensor
-
-
-lake_freshness_sensor = build_freshness_sensor(config, settings.autostart)
