@@ -34,6 +34,7 @@ from oml_dagster.lake.audit.doctor import (
 )
 from oml_dagster.lake.audit.erasure import APPLIED
 from oml_dagster.lake.audit.reconcile import reconcile
+from oml_dagster.lake.errors import RequeueError
 from oml_dagster.lake.faults import (
     EXIT_FINDINGS,
     EXIT_INTERNAL,
@@ -261,6 +262,7 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
         for tenant_id in _tenants(conn, args.tenant):
             verdict = erasure_verdict(conn, lake, tenant_id, cadence=cadence)
             evidence, per_artifact = verdict.evidence, verdict.artifacts
+            assert evidence is not None and per_artifact is not None  # a verdict carries both
             # Evidence read from a lake that is not all there is no evidence of the lost part.
             lost = lost_tables(conn, lake, tenant_id)
             unwell |= verdict.state != HOLDS or bool(lost)
@@ -352,7 +354,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 f"{health.lag_ops} ops, {health.lag_seconds:.0f}s; {health.dead_letters} open "
                 f"dead letters; {len(health.checkpoint_overdue)} tables past their checkpoint "
                 f"interval; {len(health.failed_checks)} failed checks; "
-                f"{health.erasure.headline()}"
+                f"{health.erasure.headline() if health.erasure else 'erasure SLO not judged'}"
             )
             for problem in health.problems:
                 _print(f"  {problem}")
@@ -394,7 +396,7 @@ def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
     with from_settings.connect() as conn:
         try:
             new_id = deadletter.requeue(conn, args.seq, args.by, payload)
-        except deadletter.RequeueError as error:
+        except RequeueError as error:
             print(f"oml-lake: {error}", file=sys.stderr)
             return EXIT_USAGE
     _print(f"re-enqueued dead letter {args.seq} as outbox row {new_id}")
@@ -554,6 +556,7 @@ def entry() -> NoReturn:
         # ends): the command's own line already says what committed. --debug keeps it.
         logging.getLogger("psycopg").setLevel(logging.ERROR)
     with native_panics_filtered(not _debug_asked()):
+        code: int | str | None
         try:
             code = main()
         except SystemExit as stop:  # argparse's usage errors, --help

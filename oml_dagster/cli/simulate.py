@@ -128,6 +128,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         results = verify.verify(conn, report.tenants)
     for result in results:
         _print("  verify " + result.summary())
-        for error in result.errors:
-            _print(f"    {error}")
+        for problem in result.errors:
+            _print(f"    {problem}")
     return EXIT_OK if all(r.ok for r in results) else EXIT_FINDINGS

@@ -219,7 +219,7 @@ def read_check_result(lake: Lake, tenant_id: str, reads: list[dg.AssetKey]) -> d
         metadata={
             "tables_read": len(checks),
             "tables_disagreeing": len(failing),
-            "rows_read": sum(c.duckdb_rows for c in checks),
+            "rows_read": sum(c.duckdb_rows or 0 for c in checks),
             "counts": md_table(
                 [
                     {

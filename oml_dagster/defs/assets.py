@@ -152,7 +152,9 @@ def _table_metadata(
         )
     if spec is GOLD_CURATED:
         meta["curated_tables"] = len(table.versions)
-        meta["table_versions"] = MetadataValue.json(table.versions)
+        meta["table_versions"] = MetadataValue.json(
+            {str(workarea): version for workarea, version in table.versions.items()}
+        )
     elif table.versions.get(None) is not None:
         meta["table_version"] = table.versions[None]
         meta["table_uri"] = MetadataValue.path(lake.table_uri(report.tenant_id, spec))

@@ -18,6 +18,7 @@ same lease), and a backfill or a run from the UI runs them after the drain.
 
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 
@@ -103,7 +104,7 @@ def reconciler(
             if d.resolved_at is not None
         ]
     for r in result.results:
-        metadata = {
+        metadata: dict[str, Any] = {
             "checked": r.checked,
             "findings": len(r.findings),
             "sample_findings": r.samples(SAMPLE),

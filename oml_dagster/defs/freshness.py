@@ -155,7 +155,8 @@ def sparkline(points: Sequence[tuple[float, float]], columns: int = PLOT_COLUMNS
     slices: list[float | None] = [None] * width
     for at, lag in ordered:
         i = 0 if span <= 0 else min(width - 1, int((at - first) / span * width))
-        slices[i] = max(lag, slices[i] if slices[i] is not None else lag)
+        held = slices[i]
+        slices[i] = lag if held is None else max(lag, held)
     top = max(v for v in slices if v is not None)
     chars = []
     for value in slices:
@@ -178,19 +179,26 @@ def lag_history(
         AssetRecordsFilter(asset_key=BRONZE, asset_partitions=[tenant_id]), limit=HISTORY_POINTS
     ).records
     for record in materialized:
-        value = record.asset_materialization.metadata.get("drain_lag_seconds")
+        materialization = record.asset_materialization
+        value = materialization.metadata.get("drain_lag_seconds") if materialization else None
         if value is not None:
-            points.append((record.timestamp, float(value.value)))
+            points.append((record.timestamp, _seconds(value.value)))
     judged = instance.event_log_storage.get_asset_check_execution_history(
         FRESHNESS_CHECK, limit=HISTORY_POINTS, partition_filter=PartitionKeyFilter(key=tenant_id)
     )
-    for record in judged:
-        data = record.event.dagster_event.event_specific_data if record.event else None
+    for execution in judged:
+        event = execution.event
+        data = event.dagster_event.event_specific_data if event and event.dagster_event else None
         # An execution still under way (this run's own) has only its planned event.
         value = data.metadata.get("lag_seconds") if isinstance(data, AssetCheckEvaluation) else None
-        if value is not None:
-            points.append((record.event.timestamp, float(value.value)))
+        if event is not None and value is not None:
+            points.append((event.timestamp, _seconds(value.value)))
     return sorted(points)
+
+
+def _seconds(value: object) -> float:
+    """A lag Dagster stored as metadata (a float this module wrote)."""
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 def lag_plot(points: Sequence[tuple[float, float]]) -> MetadataValue:
@@ -326,8 +334,10 @@ def report_freshness(
         metadata["lag_over_time"] = lag_plot(
             lag_history(context.instance, tenant_id, metadata["lag_seconds"])
         )
+        # Dagster logs a check evaluation of another step's check this way; log_event's
+        # annotation leaves the type out.
         context.log_event(
-            AssetCheckEvaluation(
+            AssetCheckEvaluation(  # type: ignore[arg-type]
                 asset_key=BRONZE,
                 check_name=CHECK_NAME,
                 passed=passed,

@@ -16,6 +16,7 @@ every shard whether or not it has pending tenants, and a shard run out of work p
 every POLL_SECONDS until its cap, so the first ops after a quiet spell meet a running writer
 instead of waiting for a sensor tick and a process start."""
 
+import functools
 import time
 import uuid
 from typing import Any
@@ -154,7 +155,9 @@ class _Report:
 
     def flush(self) -> None:
         for tenant_id, results in sorted(self.waiting.items()):
-            metadata = with_retry(self.context, self.policy, lambda r=results: self._metadata(r))
+            metadata = with_retry(
+                self.context, self.policy, functools.partial(self._metadata, results)
+            )
             for key in TABLE_OF:
                 self.context.log_event(
                     AssetMaterialization(asset_key=key, partition=tenant_id, metadata=metadata[key])

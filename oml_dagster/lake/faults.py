@@ -16,8 +16,9 @@ import errno
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psycopg
 
@@ -31,6 +32,8 @@ from oml_dagster.lake.errors import (
     UnsupportedObjectStore,
     VerdictConflict,
 )
+
+T = TypeVar("T")
 
 # The exit codes of `oml-lake`, one name each (README "Exit codes" is this table): every command
 # returns one of these, and a fault's class (`Fault.exit_code`) picks among 2, 3, 4 and 70.
@@ -341,14 +344,17 @@ def _own(error: BaseException) -> Fault | None:
     return None
 
 
-def _chain(error: BaseException):
+def _chain(error: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
         # `raise ... from None` hides the context on purpose (a closed stdout's BrokenPipeError
         # under the command's OutputClosed is no network fault).
-        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
 
 
 def classify(error: BaseException) -> Fault | None:
@@ -419,7 +425,7 @@ class RetryPolicy:
     base_seconds: float = 0.25
     cap_seconds: float = 15.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if (
             self.attempts < 1
             or not self.seconds >= 0
@@ -459,13 +465,13 @@ class Streak:
 
 
 def retrying(
-    attempt: Callable[[], object],
+    attempt: Callable[[], T],
     policy: RetryPolicy,
     *,
     on_retry: Callable[[Fault, int, float], None] | None = None,
     progressed: Callable[[], bool] | None = None,
     sleep: Callable[[float], None] = time.sleep,
-):
+) -> T:
     """`attempt()` until it returns, retrying transient faults within `policy`;
     `on_retry(fault, failures, wait)` is told of each retry before its wait; `progressed()`,
     asked after a fault, says whether the failed try got somewhere (then the streak restarts).

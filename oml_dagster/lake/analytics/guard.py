@@ -38,11 +38,10 @@ def check_query(tc: TenantConnection, sql: str) -> None:
     if not statements:
         raise RefusedQuery("empty query")
     for statement in statements:
-        if statement.type != duckdb.StatementType.SELECT:
-            kind = statement.type.name
+        kind = statement.type.name
+        if kind != "SELECT":
             raise RefusedQuery(f"{kind} statements are refused: the lake is read-only here")
-        text = statement.query
-        tree = json.loads(tc.con.execute("SELECT json_serialize_sql(?)", [text]).fetchone()[0])
+        tree = json.loads(tc.value("SELECT json_serialize_sql(?)", [statement.query]))
         if tree.get("error"):
             raise RefusedQuery(f"only plain queries are accepted: {tree.get('error_message')}")
         _check_tree(tree)
@@ -73,7 +72,7 @@ def _check_tree(node: Any) -> None:
         _check_tree(value)
 
 
-def run_query(tc: TenantConnection, sql: str) -> tuple[list[str], list[tuple]]:
+def run_query(tc: TenantConnection, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run a checked query; returns the last statement's column names and rows."""
     check_query(tc, sql)
     result = None

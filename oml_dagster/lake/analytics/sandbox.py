@@ -63,6 +63,8 @@ class TenantView:
 
 @dataclass
 class TenantConnection:
+    """One tenant's DuckDB connection, its views by name, and whether it is locked down."""
+
     tenant_id: str
     con: duckdb.DuckDBPyConnection
     views: dict[str, TenantView] = field(default_factory=dict)
@@ -78,8 +80,15 @@ class TenantConnection:
         self.close()
 
     def rows(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-        """Rows of a query of this module's own (not user input) as dicts."""
+        """Rows of a query of this package's own (not user input) as dicts."""
         return _dicts(self.con.execute(sql, params or []))
+
+    def value(self, sql: str, params: list[Any] | None = None) -> Any:
+        """The first column of the one row a query of this package's own returns."""
+        row = self.con.execute(sql, params or []).fetchone()
+        if row is None:
+            raise AnalyticsError(f"no row from {sql!r}")
+        return row[0]
 
 
 def _dicts(result: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -136,8 +145,8 @@ def tenant_connection(lake: Lake, tenant_id: str, *, lockdown: bool = False) -> 
             spec_uri = existing.get(spec.name)
             _register(found, VIEW_OF[spec.name], spec.name, spec, spec_uri[1] if spec_uri else None)
         for name, (spec, uri) in sorted(existing.items()):
-            if spec is GOLD_CURATED:
-                workarea_id = TableId.parse(name).workarea_id
+            workarea_id = TableId.parse(name).workarea_id
+            if spec is GOLD_CURATED and workarea_id is not None:
                 _register(found, curated_view(workarea_id), name, spec, uri)
         if lockdown:
             prefix = lake.tenant_uri(tenant_id).rstrip("/") + "/"

@@ -70,11 +70,7 @@ def _read_check(tc: TenantConnection, view: TenantView, table: DeltaTable) -> Re
         try:
             # sum(length(...)) makes DuckDB read every data file, where a bare count(*) could
             # be answered from the log's statistics alone.
-            duck = int(
-                tc.con.execute(
-                    f"SELECT count(*), sum(length(tenant_id)) FROM {view.view}"
-                ).fetchone()[0]
-            )
+            duck = int(tc.value(f"SELECT count(*), sum(length(tenant_id)) FROM {view.view}"))
         except duckdb.Error as error:
             return ReadCheck(view.table, view.view, version, None, log_rows, str(error))
         table.update_incremental()

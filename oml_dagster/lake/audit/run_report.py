@@ -7,7 +7,7 @@ core computes it, from the batches' results and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -120,7 +120,7 @@ def _table_report(
     tenant_id: str,
     spec: TableSpec,
     outcomes: list[TableOutcome],
-    frontier: dict[str, tuple[int, int | None]],
+    frontier: Mapping[str, tuple[int, int | None]],
 ) -> TableReport:
     mine = [t for t in outcomes if TableId.parse(t.table).spec_name == spec.name]
     standing = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,7 +57,7 @@ class FileKeys:
 
     def rows_with(
         self, table: DeltaTable, spec: TableSpec, matches: Mapping[str, Collection[str]]
-    ) -> list[dict]:
+    ) -> list[dict[str, Any]]:
         """Rows of `table` whose value in one of the `matches` columns is among that column's
         strings, as dicts cast to the spec's types. Files whose statistics rule every value out
         are passed over. A lookup of many values reads the files' match columns, not an SQL
@@ -91,7 +92,8 @@ class FileKeys:
                 where = " OR ".join(sql_in(c, v) for c, v in ordered.items())
                 return read_rows(table, spec, where)
         options = self.options_for(table.table_uri) if self.options_for else self.storage_options
-        filesystem = pafs.PyFileSystem(DeltaStorageHandler(table.table_uri, options or None, sizes))
+        handler = DeltaStorageHandler(table.table_uri, dict(options) or None, sizes)
+        filesystem = pafs.PyFileSystem(handler)
         found = []
         for path, hit in zip(sizes, maybe, strict=True):
             if not hit:
@@ -135,7 +137,7 @@ _PARQUET = pads.ParquetFileFormat()
 
 def rows_with(
     table: DeltaTable, spec: TableSpec, matches: Mapping[str, Collection[str]]
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """`FileKeys.rows_with` with nothing kept: every file's match columns are read (a local
     table's; the writer's lookups go through `OpenTables.keys`, which knows the lake's store)."""
     return FileKeys().rows_with(table, spec, matches)
@@ -176,4 +178,4 @@ def may_hold(table: DeltaTable, column: str, low: int, high: int) -> bool:
     least, most = files[f"min.{column}"], files[f"max.{column}"]
     unknown = pc.or_(pc.is_null(least), pc.is_null(most))
     overlap = pc.and_(pc.less_equal(least, high), pc.greater_equal(most, low))
-    return pc.any(pc.or_(unknown, pc.fill_null(overlap, False))).as_py()
+    return bool(pc.any(pc.or_(unknown, pc.fill_null(overlap, False))).as_py())

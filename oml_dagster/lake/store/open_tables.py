@@ -4,6 +4,8 @@ of it again (rows of gold.areas, the app transaction) is read again only when it
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
@@ -80,7 +82,7 @@ class OpenTables:
             self._txns[uri] = cached
         return cached[1]
 
-    def rows(self, uri: str, table: DeltaTable, spec: TableSpec) -> list[dict]:
+    def rows(self, uri: str, table: DeltaTable, spec: TableSpec) -> list[dict[str, Any]]:
         """`read_rows(table, spec)`, read again only when the table's version changed (fresh
         dicts each call: callers may change them)."""
         version = table.version()
@@ -88,7 +90,8 @@ class OpenTables:
         if cached is None or cached[0] != version:
             cached = (version, read_table(table, spec))
             self._rows[uri] = cached
-        return cached[1].to_pylist()
+        rows: list[dict[str, Any]] = cached[1].to_pylist()
+        return rows
 
     def forget(self, prefix: str) -> None:
         """Drop every table at or under `prefix` (a tenant whose batch failed: reopen all)."""

@@ -14,7 +14,8 @@ from oml_dagster.lake.store.layout import Lake
 def read_rows(table: DeltaTable, spec: TableSpec, where: str | None = None) -> list[dict[str, Any]]:
     """Rows of `table` as dicts, cast to the spec's types (MERGE writes view types). `where` is a
     SQL predicate; the query engine prunes files with the log's statistics."""
-    return read_table(table, spec, where).to_pylist()
+    rows: list[dict[str, Any]] = read_table(table, spec, where).to_pylist()
+    return rows
 
 
 def read_table(table: DeltaTable, spec: TableSpec, where: str | None = None) -> pa.Table:
