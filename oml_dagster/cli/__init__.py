@@ -4,7 +4,7 @@ OML_RETRY_SECONDS, OML_ERASURE_CADENCE_SECONDS and the rest of `oml_dagster.sett
 README's settings table). An error ends a command with one line naming the cause, the object and
 the remedy, and an exit code of its class (README "Exit codes"); `--debug` adds the traceback.
 
-Why one file (554 lines): the parser of every `oml-lake` command and the one-line error and exit-code
+Why one file: the parser of every `oml-lake` command and the one-line error and exit-code
 handling they share; each command's body is a short function that calls the core.
 """
 

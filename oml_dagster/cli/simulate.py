@@ -94,7 +94,7 @@ def _report(report: RunReport, workload: WorkloadConfig, config: RunConfig) -> N
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    # Imported here: the producer's modules are paid for by `simulate` alone (issue 35).
+    # Imported here: the producer's modules are paid for by `simulate` alone.
     from oml_dagster.simulate import verify
     from oml_dagster.simulate.runner import RunConfig, SimulationError, run
     from oml_dagster.simulate.workload import WorkloadConfig

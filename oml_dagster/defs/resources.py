@@ -47,6 +47,8 @@ from oml_dagster.settings import (
     retry_bounds,
 )
 
+from .failures import failing_clearly
+
 T = TypeVar("T")
 
 
@@ -64,7 +66,8 @@ class PostgresResource(ConfigurableResource):  # type: ignore[type-arg]
     _dsn: str | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._dsn = self.resolve()
+        with failing_clearly():
+            self._dsn = self.resolve()
 
     def resolve(self, env: Env | None = None) -> str:
         return self.dsn or from_settings.dsn(env)
@@ -94,7 +97,8 @@ class LakeResource(ConfigurableResource):  # type: ignore[type-arg]
     _settings: LakeSettings | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._settings = self.resolve()
+        with failing_clearly():
+            self._settings = self.resolve()
 
     def resolve(self, env: Env | None = None) -> LakeSettings:
         lake = from_settings.named_lake(env)
@@ -150,7 +154,8 @@ class WriterResource(ConfigurableResource):  # type: ignore[type-arg]
     _settings: WriterSettings | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._settings = self.resolve()
+        with failing_clearly():
+            self._settings = self.resolve()
 
     def resolve(self, env: Env | None = None) -> WriterSettings:
         shard_seconds = resolved(

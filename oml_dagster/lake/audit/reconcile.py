@@ -30,7 +30,7 @@ table's, column for column. Bodies are compared by presence (the ciphertext is c
 its digest by `bodies_match_digests`): the fold knows a body is there when `oml.claim_bodies`
 still holds it, and cannot know when it was shredded since the drain.
 
-Why one file (785 lines): each check is a short function over the same snapshot of a tenant's lake, and
+Why one file: each check is a short function over the same snapshot of a tenant's lake, and
 the file's sections are the list of checks the README, `oml-lake reconcile` and the asset
 checks name.
 """

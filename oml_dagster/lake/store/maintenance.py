@@ -26,7 +26,7 @@ What this module decides:
   rewrite lock in Postgres (`rewrite_lock`), which the writer's packing on the way takes too:
   two OPTIMIZEs of the same files would both commit and double the rows (ADR 0033).
 
-Why one file (572 lines): the maintenance operations share one loop over a tenant's tables, one lock per
+Why one file: the maintenance operations share one loop over a tenant's tables, one lock per
 table rewrite and one result record, and the erasure SLO reads their order (checkpoint,
 VACUUM, log cleanup) as a whole.
 """
