@@ -431,7 +431,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the traceback under an error's one line (or set OML_DEBUG=1)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _register_db(sub)
+    sub.add_parser("sequence", help="run the sequencer once").set_defaults(func=cmd_sequence)
+    dr = sub.add_parser("drain", help="sequence and apply batches to the lake")
+    dr.add_argument("--tenant", action="append", help="drain this tenant (repeatable)")
+    dr.add_argument("--until-idle", action="store_true", help="pass after pass until nothing moves")
+    dr.add_argument(
+        "--max-batch", type=int, default=None, help="ops per tenant batch (default: OML_MAX_BATCH)"
+    )
+    dr.set_defaults(func=cmd_drain)
+    _register_checks(sub)
+    _register_deadletter(sub)
+    maintenance_cli.register(sub)
+    analytics_cli.register(sub)
+    register_simulate(sub)
+    return parser
 
+
+def _register_db(sub: argparse._SubParsersAction) -> None:
     dbp = sub.add_parser("db", help="the Postgres schema").add_subparsers(
         dest="db_command", required=True
     )
@@ -449,16 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.set_defaults(func=cmd_db_upgrade)
 
-    sub.add_parser("sequence", help="run the sequencer once").set_defaults(func=cmd_sequence)
 
-    dr = sub.add_parser("drain", help="sequence and apply batches to the lake")
-    dr.add_argument("--tenant", action="append", help="drain this tenant (repeatable)")
-    dr.add_argument("--until-idle", action="store_true", help="pass after pass until nothing moves")
-    dr.add_argument(
-        "--max-batch", type=int, default=None, help="ops per tenant batch (default: OML_MAX_BATCH)"
-    )
-    dr.set_defaults(func=cmd_drain)
-
+def _register_checks(sub: argparse._SubParsersAction) -> None:
+    """The commands that judge a tenant's lake: erasure-evidence, reconcile, doctor."""
     ev = _per_tenant(
         sub,
         "erasure-evidence",
@@ -467,7 +477,6 @@ def build_parser() -> argparse.ArgumentParser:
         json_help="one JSON object per tenant, per erased version",
     )
     _cadence_option(ev, "maintenance cadence allowed on top of the bound")
-
     rc = _per_tenant(
         sub,
         "reconcile",
@@ -475,7 +484,6 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_reconcile,
     )
     rc.add_argument("--samples", type=int, default=5, help="findings shown per failed check")
-
     dc = _per_tenant(sub, "doctor", "one screen per tenant: what needs an operator", cmd_doctor)
     _cadence_option(dc, "maintenance cadence: an erasure within this of its deadline is at risk")
     dc.add_argument(
@@ -485,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="drain lag beyond which an operator is needed",
     )
 
+
+def _register_deadletter(sub: argparse._SubParsersAction) -> None:
     dl = sub.add_parser("deadletter", help="refused ops").add_subparsers(
         dest="dl_command", required=True
     )
@@ -505,10 +515,6 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--reason", required=True, help="why it is closed (recorded)")
     rs.add_argument("--by", default=getpass.getuser(), help="who resolves it (recorded)")
     rs.set_defaults(func=cmd_deadletter_resolve)
-    maintenance_cli.register(sub)
-    analytics_cli.register(sub)
-    register_simulate(sub)
-    return parser
 
 
 def _debug_asked() -> bool:
