@@ -31,7 +31,7 @@ from deltalake import write_deltalake
 from oml_dagster import from_settings
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import BRONZE_EVENTS, writer_properties
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.memory import release_memory, resident_mib
 from oml_dagster.simulate import producer

@@ -28,7 +28,7 @@ from _support import fresh_database, machine  # noqa: E402
 from bronze_bench import write_events  # noqa: E402
 
 from oml_dagster.lake.ingest import fetch, sequencer  # noqa: E402
-from oml_dagster.lake.store.storage import Lake  # noqa: E402
+from oml_dagster.lake.store.layout import Lake  # noqa: E402
 from oml_dagster.lake.write import drain as drain_loop  # noqa: E402
 from oml_dagster.simulate import producer  # noqa: E402
 

@@ -31,7 +31,7 @@ import psycopg
 
 import oml_dagster  # noqa: F401  (delta-rs's allocator set up as in the product)
 from oml_dagster.lake import db
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import producer
 

@@ -48,8 +48,9 @@ from deltalake.transaction import PostCommitHookProperties
 
 from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS, CHECKPOINT_INTERVAL
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
-from oml_dagster.lake.store import deltalog, storage
-from oml_dagster.lake.store.storage import Lake, OpenTables
+from oml_dagster.lake.store import conditional_put, deltalog
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.open_tables import OpenTables
 from oml_dagster.lake.write import writer
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import LAKE_URI, lake_storage_options
@@ -173,7 +174,7 @@ def bench_lake(store: str) -> Iterator[tuple[Lake, str]]:
         # The settings a deployment would set, read the way the product reads them.
         env = lake_env(endpoint, f"history-{uuid.uuid4().hex[:8]}")
         lake = Lake(LAKE_URI.read(env), lake_storage_options(env))
-        storage._s3_client(lake).create_bucket(Bucket=lake.root.split("/")[2])
+        conditional_put.s3_client(lake).create_bucket(Bucket=lake.root.split("/")[2])
         yield lake.checked(), f"moto {_moto_version()} S3 API server on loopback ({endpoint})"
 
 

@@ -34,8 +34,9 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
-from oml_dagster.lake.store import storage
-from oml_dagster.lake.store.storage import Lake, OpenTables
+from oml_dagster.lake.store import conditional_put
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.open_tables import OpenTables
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import LAKE_URI, lake_storage_options
 
@@ -90,7 +91,7 @@ def list_cost(lake: Lake, sizes: list[int], lists: int = 20) -> None:
     """The server's own cost of one LIST with start-after near the end of a prefix (what a
     commit's offset listings ask), with `sizes` keys under the prefix: on S3 a page's cost; a
     server that scans every key of the bucket per LIST grows with the size."""
-    client = storage._s3_client(lake)
+    client = conditional_put.s3_client(lake)
     bucket = lake.root.split("/")[2]
     made = 0
     for size in sorted(sizes):
@@ -124,7 +125,7 @@ def main() -> None:
         env = lake_env(endpoint, f"requests-{uuid.uuid4().hex[:8]}")
         lake = Lake(LAKE_URI.read(env), lake_storage_options(env))
         bucket = lake.root.split("/")[2]
-        storage._s3_client(lake).create_bucket(Bucket=bucket)
+        conditional_put.s3_client(lake).create_bucket(Bucket=bucket)
         lake = lake.checked()
         if args.list_cost:
             list_cost(lake, args.list_cost)

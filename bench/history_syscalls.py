@@ -53,7 +53,7 @@ def mark(phase: str) -> None:
 def build(root: str, versions: int) -> str:
     from oml_dagster.lake.model.tables import BRONZE_EVENTS as spec
     from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
-    from oml_dagster.lake.store.storage import Lake
+    from oml_dagster.lake.store.layout import Lake
     from oml_dagster.lake.write.writer import WriterConfig
 
     lake = Lake(root)
@@ -164,7 +164,7 @@ def main() -> None:
     if args.command == "build":
         print(build(args.root, args.versions))
     elif args.command == "phases":
-        from oml_dagster.lake.store.storage import Lake
+        from oml_dagster.lake.store.layout import Lake
 
         uri = Lake(args.root).table_uri(TENANT, BRONZE_EVENTS)
         if args.only:

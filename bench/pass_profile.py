@@ -26,7 +26,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _support import fresh_database, machine  # noqa: E402
 
-from oml_dagster.lake.store.storage import Lake  # noqa: E402
+from oml_dagster.lake.store.layout import Lake  # noqa: E402
 from oml_dagster.lake.write.drain import DrainPolicy, drain  # noqa: E402
 from oml_dagster.lake.write.writer import WriterConfig  # noqa: E402
 from oml_dagster.simulate.runner import RunConfig, run  # noqa: E402

@@ -47,7 +47,9 @@ from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import CORE_TABLES, SILVER_CLAIMS, TIMESTAMP, writer_properties
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
 from oml_dagster.lake.store import maintenance
-from oml_dagster.lake.store.storage import Lake, query, sql_in
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import query
+from oml_dagster.lake.store.sql import sql_in
 from oml_dagster.lake.write.writer import drain_tenant
 from oml_dagster.simulate import producer
 

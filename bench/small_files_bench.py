@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._support import fresh_database, machine  # noqa: E402
 from oml_dagster.lake.policy import known_tenants  # noqa: E402
 from oml_dagster.lake.store import rewrites  # noqa: E402
-from oml_dagster.lake.store.storage import Lake, tenant_tables  # noqa: E402
+from oml_dagster.lake.store.layout import Lake  # noqa: E402
+from oml_dagster.lake.store.reads import tenant_tables  # noqa: E402
 from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain  # noqa: E402
 from oml_dagster.lake.write.writer import WriterConfig  # noqa: E402
 from oml_dagster.simulate.runner import RunConfig, run  # noqa: E402

@@ -21,7 +21,8 @@ from oml_dagster import from_settings
 from oml_dagster.lake.audit.doctor import drained_through
 from oml_dagster.lake.model.tables import BRONZE_EVENTS
 from oml_dagster.lake.policy import known_tenants
-from oml_dagster.lake.store.storage import Lake, read_rows, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
 
 
 def status(lake: Lake) -> list[dict]:

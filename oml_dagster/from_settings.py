@@ -13,7 +13,7 @@ import psycopg
 
 from oml_dagster.lake import db
 from oml_dagster.lake.faults import RetryPolicy
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import (
     ERASURE_CADENCE_SECONDS,
@@ -39,15 +39,19 @@ def connect(*, autocommit: bool = True, env: Env | None = None) -> psycopg.Conne
     return db.connect(dsn(env), autocommit=autocommit)
 
 
-def lake(env: Env | None = None) -> Lake:
-    """The lake OML_LAKE_URI names, with OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables
-    (and, on S3, object_store's retry and timeouts: STORE_RETRY_DEFAULTS under them), and the
-    tenants' own storage options where OML_TENANT_STORAGE_OPTIONS_DIR and the
-    `OML_LAKE_STORAGE_OPTIONS__<tenant>` variables say; checked for conditional put."""
-    found = Lake(
+def named_lake(env: Env | None = None) -> Lake:
+    """The lake OML_LAKE_URI names, with OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables, and
+    the tenants' own storage options where OML_TENANT_STORAGE_OPTIONS_DIR and the
+    `OML_LAKE_STORAGE_OPTIONS__<tenant>` variables say; not yet checked (`lake` checks it)."""
+    return Lake(
         LAKE_URI.read(env), lake_storage_options(env), TenantStorageReferences.from_env(env)
     )
-    return found.with_store_defaults().checked()
+
+
+def lake(env: Env | None = None) -> Lake:
+    """`named_lake` with, on S3, object_store's retry and timeouts (STORE_RETRY_DEFAULTS under
+    the options), checked for conditional put."""
+    return named_lake(env).with_store_defaults().checked()
 
 
 def writer_config(

@@ -14,7 +14,7 @@ botocore's own conventions; they are passed through as they are. The README's se
 generated from `SETTINGS` (`python -m oml_dagster.settings`) and a test keeps the two the same.
 This module does not import Dagster.
 
-Why one file (581 lines): every `OML_*` variable is declared here and nowhere else, so one file is the
+Why one file: every `OML_*` variable is declared here and nowhere else, so one file is the
 list the README's table is generated from.
 """
 

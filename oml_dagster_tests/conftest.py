@@ -14,7 +14,8 @@ from psycopg import sql
 
 from oml_dagster.lake import db
 from oml_dagster.lake.model.tables import GOLD_CURATED, TableSpec
-from oml_dagster.lake.store.storage import Lake, read_rows
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows
 from oml_dagster.simulate import producer
 from oml_testbed.s3_server import moto_server, new_bucket, store_options
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import psycopg
 
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
-from oml_dagster.lake.store.storage import Lake, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.simulate import acts, producer
 
 from .conftest import ADMIN_DSN

@@ -159,7 +159,7 @@ def assert_exactly_once(conn, lake, tenants, reference: dict | None = None, note
     to `reference` (tenant -> `lake_snapshot`), or, without it, to a fault-free drain of the same
     outbox into a lake of its own."""
     if reference is None:
-        from oml_dagster.lake.store.storage import Lake
+        from oml_dagster.lake.store.layout import Lake
         from oml_dagster.lake.write.drain import DrainPolicy
 
         other = Lake(lake.root.rstrip("/") + "-reference", lake.storage_options)

@@ -17,9 +17,10 @@ from dagster import AssetKey
 
 from oml_dagster import cli
 from oml_dagster.defs.analytics import ANALYTICS_KEYS
-from oml_dagster.lake import analytics
+from oml_dagster.lake.analytics import areas, lag, reports, sandbox, second_reader
 from oml_dagster.lake.model.tables import GOLD_AREAS, SILVER_CLAIMS
-from oml_dagster.lake.store.storage import Lake, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import acts, producer
@@ -156,10 +157,10 @@ def test_every_analytics_number_equals_the_workload(conn, lake, record, defs, in
 
     # Event volume: the outbox's journal events, grouped the same way.
     expected_volume = outbox_event_volume(conn, tenant_id)
-    with analytics.tenant_connection(lake, tenant_id) as tc:
-        volume = analytics.event_volume(tc)
-        claims = analytics.claims_by_state(tc)
-        lineage = analytics.lineage_stats(tc)
+    with sandbox.tenant_connection(lake, tenant_id) as tc:
+        volume = reports.event_volume(tc)
+        claims = reports.claims_by_state(tc)
+        lineage = reports.lineage_stats(tc)
     assert {
         (r["event_date"], r["event_type"], r["provenance"]): r["events"] for r in volume
     } == dict(expected_volume)
@@ -240,7 +241,7 @@ def test_lake_lag_is_commit_time_minus_the_oldest_op_of_each_batch(conn, lake, t
     acts.upsert_area(conn, tenant, tree.b, crew_name="crew")
     drain_all(conn, lake)
     tables = [(name, uri) for name, _, uri in tenant_tables(lake, tenant.tenant_id)]
-    lags = analytics.lake_lag(conn, lake, tenant.tenant_id, tables)
+    lags = lag.lake_lag(conn, lake, tenant.tenant_id, tables)
 
     created = dict(
         conn.execute(
@@ -256,7 +257,7 @@ def test_lake_lag_is_commit_time_minus_the_oldest_op_of_each_batch(conn, lake, t
     assert {(c.table, c.version): c.lag_seconds for c in lags} == pytest.approx(expected)
     assert len([k for k in expected if k[0] == "gold.areas"]) >= 3
     assert all(lag > 0 for lag in expected.values())
-    summary = {r["table"]: r for r in analytics.lag_summary(lags)}
+    summary = {r["table"]: r for r in lag.lag_summary(lags)}
     assert summary["gold.areas"]["max_lag_seconds"] == pytest.approx(
         max(v for (t, _), v in expected.items() if t == "gold.areas")
     )
@@ -268,9 +269,9 @@ def test_second_reader_reads_every_table_as_the_log_counts_it(conn, lake):
     tenants = [str(t) for (t,) in conn.execute("SELECT DISTINCT tenant_id FROM oml.outbox")]
     for tenant_id in tenants:
         expected_volume = outbox_event_volume(conn, tenant_id)
-        with analytics.tenant_connection(lake, tenant_id) as tc:
-            checks = analytics.second_reader_check(lake, tc)
-            volume = analytics.event_volume(tc)
+        with sandbox.tenant_connection(lake, tenant_id) as tc:
+            checks = second_reader.second_reader_check(lake, tc)
+            volume = reports.event_volume(tc)
         names = {c.table for c in checks}
         assert {"bronze.events", "silver.claims", "gold.lineage", "gold.areas"} <= names
         assert all(c.agrees and c.duckdb_rows == c.log_rows for c in checks), checks
@@ -287,8 +288,8 @@ def test_a_table_the_second_reader_cannot_read_fails_its_check(conn, lake, tenan
     silver = lake.table_uri(tenant.tenant_id, SILVER_CLAIMS)
     for data_file in Path(silver).glob("*.parquet"):
         data_file.unlink()  # the log still lists it
-    with analytics.tenant_connection(lake, tenant.tenant_id) as tc:
-        checks = {c.table: c for c in analytics.second_reader_check(lake, tc)}
+    with sandbox.tenant_connection(lake, tenant.tenant_id) as tc:
+        checks = {c.table: c for c in second_reader.second_reader_check(lake, tc)}
     assert not checks["silver.claims"].agrees
     assert checks["silver.claims"].error
     assert checks["bronze.events"].agrees and checks["gold.areas"].agrees
@@ -296,27 +297,30 @@ def test_a_table_the_second_reader_cannot_read_fails_its_check(conn, lake, tenan
 
 def test_a_tenant_without_tables_has_empty_views(lake):
     tenant_id = new_id()
-    with analytics.tenant_connection(lake, tenant_id) as tc:
+    with sandbox.tenant_connection(lake, tenant_id) as tc:
         assert sorted(tc.views) == ["bronze_events", "gold_areas", "gold_lineage", "silver_claims"]
-        assert analytics.event_volume(tc) == []
-        assert analytics.claims_by_state(tc) == []
-        assert analytics.lineage_stats(tc).longest_chain == 0
-        assert analytics.second_reader_check(lake, tc) == []
+        assert reports.event_volume(tc) == []
+        assert reports.claims_by_state(tc) == []
+        assert reports.lineage_stats(tc).longest_chain == 0
+        assert second_reader.second_reader_check(lake, tc) == []
 
 
 def test_longest_paths_follow_links_and_survive_cycles():
     links = [("d", "c"), ("c", "b"), ("b", "a"), ("x", "a"), ("p", "q"), ("q", "p")]
-    lengths = analytics.longest_paths(links)
+    lengths = reports.longest_paths(links)
     assert lengths["d"] == 3 and lengths["c"] == 2 and lengths["x"] == 1 and lengths["a"] == 0
     # A cycle is cut where the walk comes back to its start, not looped forever.
     assert sorted([lengths["p"], lengths["q"]]) == [0, 1]
 
 
 def test_nothing_decrypts_bodies():
-    """The analytics never touch key material: no DEK table, no AES in the module."""
-    source = Path(analytics.__file__).read_text()
-    for needle in ("oml_sim", "AESGCM", "open_body", "deks"):
-        assert needle not in source, needle
+    """The analytics never touch key material: no DEK table, no AES in any of its modules."""
+    modules = sorted(Path(sandbox.__file__).parent.glob("*.py"))
+    assert len(modules) >= 6
+    for module in modules:
+        source = module.read_text()
+        for needle in ("oml_sim", "AESGCM", "open_body", "deks"):
+            assert needle not in source, (module.name, needle)
 
 
 @pytest.mark.s3
@@ -328,11 +332,11 @@ def test_lakes_on_s3_are_read_with_the_lakes_storage_options(
     other = producer.create_tenant(conn)
     make_tree(conn, other)
     drain_all(conn, s3_lake)
-    with analytics.tenant_connection(s3_lake, tenant.tenant_id, lockdown=True) as tc:
-        checks = analytics.second_reader_check(s3_lake, tc)
-        volume = analytics.event_volume(tc)
-        replay = analytics.replay_areas(analytics.area_events(tc))
-        gold = analytics.gold_areas(tc)
+    with sandbox.tenant_connection(s3_lake, tenant.tenant_id, lockdown=True) as tc:
+        checks = second_reader.second_reader_check(s3_lake, tc)
+        volume = reports.event_volume(tc)
+        replay = areas.replay_areas(tenant.tenant_id, areas.area_events(tc))
+        gold = areas.gold_areas(tc)
         # Locked down, the connection reads nothing under another tenant's prefix.
         elsewhere = s3_lake.table_uri(other.tenant_id, GOLD_AREAS)
         with pytest.raises(duckdb.PermissionException):
@@ -345,7 +349,7 @@ def test_lakes_on_s3_are_read_with_the_lakes_storage_options(
     }
     assert all(c.agrees for c in checks), checks
     assert sum(r["events"] for r in volume) == 5
-    assert analytics.area_differences(replay.areas, gold) == []
+    assert areas.area_differences(replay.areas, gold) == []
     assert isinstance(s3_lake, Lake) and not s3_lake.is_local
 
     # The command line reaches the same lake from the environment.

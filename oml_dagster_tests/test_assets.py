@@ -14,7 +14,7 @@ from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import WriterResource
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import acts
 
@@ -183,13 +183,13 @@ def test_a_run_sequences_and_drains_its_tenant_until_idle(conn, lake, defs, inst
 def test_the_run_drain_cap_is_checked(monkeypatch):
     monkeypatch.setenv("OML_RUN_DRAIN_SECONDS", "soon")
     with pytest.raises(ValueError, match="OML_RUN_DRAIN_SECONDS='soon'"):
-        WriterResource().drain_seconds()
+        WriterResource().resolve()
     monkeypatch.setenv("OML_RUN_DRAIN_SECONDS", "-1")
     with pytest.raises(ValueError, match="OML_RUN_DRAIN_SECONDS"):
-        WriterResource().drain_seconds()
+        WriterResource().resolve()
     monkeypatch.delenv("OML_RUN_DRAIN_SECONDS")
-    assert WriterResource().drain_seconds() == 60.0
-    assert WriterResource(run_drain_seconds=0).drain_seconds() == 0.0
+    assert WriterResource().resolve().run_drain_seconds == 60.0
+    assert WriterResource(run_drain_seconds=0).resolve().run_drain_seconds == 0.0
 
 
 def test_the_reconciler_checks_run_per_partition(conn, lake, defs, instance):

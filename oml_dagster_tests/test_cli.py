@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from oml_dagster.lake.errors import UnsupportedObjectStore
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.simulate import acts
 from oml_dagster.simulate.producer import Act, Event, commit_acts
 from oml_dagster_tests.conftest import ADMIN_DSN, _dsn_for

@@ -24,7 +24,8 @@ from oml_dagster.lake.model.tables import (
     SILVER_CLAIMS,
     TableId,
 )
-from oml_dagster.lake.store.storage import Lake, OpenTables, app_txn
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.open_tables import OpenTables, app_txn
 from oml_dagster.lake.write import writer
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import COMMITTED, SKIPPED, UNCHANGED, WriterConfig, drain_tenant

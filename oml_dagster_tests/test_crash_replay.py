@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.simulate import producer
 from oml_dagster_tests.helpers import assert_exactly_once
@@ -23,7 +23,7 @@ from oml_dagster_tests.test_commit_fence import mixed_workload
 _KILL_AT_COMMIT = """
 import os, signal, sys
 import psycopg
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.lake.ingest import sequencer
 k = int(sys.argv[1]); calls = 0

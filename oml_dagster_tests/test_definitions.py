@@ -19,6 +19,7 @@ from dagster import (
 
 from oml_dagster.defs import maintenance
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+from oml_dagster.defs.resources import DeploymentSettings
 
 from .dagster_support import BIN, REPO, subprocess_env
 
@@ -189,7 +190,7 @@ def test_sensors_and_schedules_are_pinned(repo):
     assert schedules == {
         "reconcile_schedule",
         "daily_analytics_schedule",
-        *(s.name for s in maintenance.MAINTENANCE_SCHEDULES),
+        *(s.name for s in maintenance.build_schedules(DeploymentSettings())),
     }
     assert repo.get_schedule_def("reconcile_schedule").job_name == "lake_writer_job"
     assert repo.get_schedule_def("daily_analytics_schedule").job_name == "lake_analytics_job"

@@ -14,7 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from oml_dagster.lake.store import deltalog
 from oml_dagster.lake.store.deltalog import CHECKPOINT, CHECKSUM, COMMIT, COMPACTED, LogFile
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster_tests.helpers import split_checkpoint
 
 V = f"{7:020d}"

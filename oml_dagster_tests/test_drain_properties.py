@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import GOLD_CURATED
-from oml_dagster.lake.store.storage import Lake, read_rows, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.helpers import lake_snapshot

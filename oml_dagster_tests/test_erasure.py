@@ -20,7 +20,8 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from oml_dagster.lake.audit.erasure import erased_artifacts, erasure_evidence
 from oml_dagster.lake.model.tables import APP_ID, GOLD_CURATED, SILVER_CLAIMS, TableSpec
 from oml_dagster.lake.store import deltalog, maintenance
-from oml_dagster.lake.store.storage import Lake, conform, read_rows, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import conform, read_rows, tenant_tables
 from oml_dagster.lake.write import deadletter
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree, split_checkpoint

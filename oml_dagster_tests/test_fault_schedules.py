@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oml_dagster.lake.faults import RetryPolicy
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain, drain_riding_through
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import producer

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from oml_dagster.lake import db
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.simulate import producer
 from oml_dagster_tests.helpers import assert_exactly_once
 from oml_dagster_tests.test_commit_fence import mixed_workload

@@ -16,7 +16,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from oml_dagster.lake.errors import BatchTimeout, ConflictingCommit
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import APP_ID, GOLD_AREAS, GOLD_LINEAGE, TableSpec
-from oml_dagster.lake.store.storage import read_rows
+from oml_dagster.lake.store.reads import read_rows
 from oml_dagster.lake.write.deadletter import requeue
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.watchdog import Watchdog

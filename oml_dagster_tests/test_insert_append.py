@@ -11,7 +11,7 @@ import psycopg
 
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import GOLD_LINEAGE, SILVER_CLAIMS
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts

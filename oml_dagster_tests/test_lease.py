@@ -13,7 +13,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write import drain as drain_loop
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import drain_tenant

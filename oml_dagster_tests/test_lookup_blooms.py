@@ -14,7 +14,8 @@ from deltalake import QueryBuilder, write_deltalake
 
 from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS, writer_properties
 from oml_dagster.lake.store import maintenance
-from oml_dagster.lake.store.storage import read_rows, sql_in, tenant_tables
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
+from oml_dagster.lake.store.sql import sql_in
 from oml_dagster_tests.helpers import column_chunks
 from oml_dagster_tests.test_maintenance import small_batches
 from oml_dagster_tests.test_rewrite_file_size import append_claims

@@ -34,7 +34,8 @@ from oml_dagster.defs.resources import DeploymentSettings, LakeResource, Postgre
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.lake.store import deltalog, maintenance, rewrites
-from oml_dagster.lake.store.storage import Lake, read_rows, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
@@ -478,10 +479,11 @@ def test_maintain_command_prints_what_it_rewrote_removed_and_kept(conn, lake, te
 
 def test_schedules_request_one_run_per_tenant_partition():
     tick = dt.datetime(2026, 3, 1, 4, tzinfo=dt.UTC)
+    schedules = maintenance_defs.build_schedules(DeploymentSettings())
     with instance_for_test() as instance:
         repository = Definitions(
             jobs=maintenance_defs.MAINTENANCE_JOBS,
-            schedules=maintenance_defs.MAINTENANCE_SCHEDULES,
+            schedules=schedules,
             resources={"postgres": PostgresResource(), "lake": LakeResource()},
         ).get_repository_def()
 
@@ -491,10 +493,10 @@ def test_schedules_request_one_run_per_tenant_partition():
             ) as context:
                 return schedule.evaluate_tick(context)
 
-        for schedule in maintenance_defs.MAINTENANCE_SCHEDULES:
+        for schedule in schedules:
             assert evaluate(schedule).skip_message == "no tenant partitions yet"
         instance.add_dynamic_partitions(TENANT_PARTITIONS_NAME, ["t-a", "t-b"])
-        for schedule in maintenance_defs.MAINTENANCE_SCHEDULES:
+        for schedule in schedules:
             requests = evaluate(schedule).run_requests
             assert all(isinstance(r, RunRequest) for r in requests)
             assert sorted(r.partition_key for r in requests) == ["t-a", "t-b"]

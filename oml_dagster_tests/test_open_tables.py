@@ -10,7 +10,8 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from oml_dagster.lake.model.tables import APP_ID
-from oml_dagster.lake.store.storage import Lake, OpenTables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.open_tables import OpenTables
 
 ROWS = pa.table({"n": pa.array([1], pa.int64())})
 

@@ -26,7 +26,8 @@ from oml_dagster.lake.model.tables import (
     SILVER_CLAIMS,
     TableSpec,
 )
-from oml_dagster.lake.store.storage import Lake, read_rows
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.simulate import acts

@@ -9,7 +9,7 @@ import pytest
 
 from oml_dagster.lake.errors import LostCuratedTable
 from oml_dagster.lake.model.tables import CORE_TABLES, GOLD_CURATED
-from oml_dagster.lake.store.storage import tenant_tables
+from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster_tests.conftest import table_rows

@@ -17,7 +17,7 @@ from oml_dagster.lake.model.tables import (
     SILVER_CLAIMS,
 )
 from oml_dagster.lake.store import maintenance, rewrites
-from oml_dagster.lake.store.storage import read_rows, tenant_tables
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
 from oml_dagster.simulate import acts
 from oml_dagster_tests.helpers import drain_all, new_id
 from oml_dagster_tests.test_maintenance import commit_actions, small_batches

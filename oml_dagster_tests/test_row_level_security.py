@@ -209,7 +209,7 @@ def test_the_commands_run_under_the_writer_role(writer_dsn, conn, dsn, lake, tmp
     assert len(listed) == 2 and all(f"tenant {k.tenant_id} " in everyone.stdout for k in made)
 
     # The same outbox drained by the owner (no scope can hide a row from it) into another lake.
-    from oml_dagster.lake.store.storage import Lake
+    from oml_dagster.lake.store.layout import Lake
 
     reference = Lake(str(tmp_path / "reference"))
     drain(conn, reference, [k.tenant_id for k in made], policy=DrainPolicy(until_idle=True))

@@ -1,4 +1,4 @@
-"""`storage.rows_with`, the writer's lookup of the rows a batch touches: the same rows as a
+"""`lookups.rows_with`, the writer's lookup of the rows a batch touches: the same rows as a
 filter over the whole table, from files written by appends and by MERGEs (view types), for any
 set of keys — including more keys than an SQL IN list can carry (past about 25,000 values the
 query engine overflowed the stack and the drain died with SIGSEGV)."""
@@ -15,14 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oml_dagster.lake.model.tables import BRONZE_EVENTS, GOLD_LINEAGE, writer_properties
-from oml_dagster.lake.store.storage import (
-    FileKeys,
-    Lake,
-    may_hold,
-    may_hold_any,
-    read_rows,
-    rows_with,
-)
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.lookups import FileKeys, may_hold, may_hold_any, rows_with
+from oml_dagster.lake.store.reads import read_rows
 from oml_dagster_tests.helpers import merge_rows
 
 

@@ -15,7 +15,8 @@ from deltalake.exceptions import CommitFailedError
 from oml_dagster.lake.audit.erasure import erasure_evidence
 from oml_dagster.lake.model.tables import SILVER_CLAIMS
 from oml_dagster.lake.store import maintenance
-from oml_dagster.lake.store.storage import Lake, conform, read_rows
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import conform, read_rows
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree
 from oml_testbed.s3_server import s3_client

@@ -8,7 +8,7 @@ import threading
 import psycopg
 import pytest
 
-from oml_dagster.lake.store.storage import FileKeys
+from oml_dagster.lake.store.lookups import FileKeys
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster_tests.helpers import LakeView, lake_snapshot

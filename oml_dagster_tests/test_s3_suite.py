@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster_tests.test_assets import (  # noqa: F401
     test_a_run_lands_the_same_tables_as_the_core_drain,
     test_the_reconciler_checks_run_per_partition,

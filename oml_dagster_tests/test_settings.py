@@ -122,13 +122,15 @@ def test_the_cli_and_the_dagster_resource_derive_the_same_writer_config(monkeypa
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        resource, command_line = WriterResource().config(), cli._writer_config(None)
+        resource, command_line = WriterResource().resolve().config, cli._writer_config(None)
         assert resource == command_line, env
         assert (resource.max_batch, resource.txn_lag_limit) == expected, env
     # A run's config or --max-batch overrides OML_MAX_BATCH in the same way.
     monkeypatch.delenv("OML_TXN_LAG_LIMIT")
     assert (
-        WriterResource(max_batch=8).config() == cli._writer_config(8) == WriterConfig.for_batch(8)
+        WriterResource(max_batch=8).resolve().config
+        == cli._writer_config(8)
+        == WriterConfig.for_batch(8)
     )
 
 
@@ -143,7 +145,7 @@ def test_the_fold_timeout_and_memory_budget_come_from_their_settings_at_the_edge
     for config in (
         from_settings.writer_config(),
         cli._writer_config(None),
-        WriterResource().config(),
+        WriterResource().resolve().config,
     ):
         assert (config.fold_timeout_seconds, config.memory_budget_mib) == (12.5, 500)
     # The core's own config reads no environment: its defaults are the settings' defaults.
@@ -183,7 +185,7 @@ def test_the_command_line_names_a_bad_setting_and_exits_3(monkeypatch, tmp_path,
 
 def test_a_bad_drain_cap_in_the_run_config_is_refused_naming_the_field():
     with pytest.raises(InvalidSetting, match="run_drain_seconds='-2.0'"):
-        WriterResource(run_drain_seconds=-2).drain_seconds()
+        WriterResource(run_drain_seconds=-2).resolve()
 
 
 # --- one module reads them, and the README lists them ---------------------------------------------

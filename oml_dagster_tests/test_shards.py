@@ -18,7 +18,7 @@ from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
 from oml_dagster.defs.resources import LakeResource, PostgresResource, WriterResource
 from oml_dagster.defs.shards import SHARD_TAG, shard_of
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.store.storage import tenant_tables
+from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 
 from .dagster_support import (
@@ -142,7 +142,7 @@ def test_standing_runs_are_kept_for_every_shard_pending_or_not(conn, lake, defs,
     first = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
     assert idle_key(first) == idle_key(first)
     assert idle_key(first + dt.timedelta(seconds=30)) != idle_key(first)
-    assert WriterResource().standing() is True
+    assert WriterResource().resolve().standing is True
 
 
 def test_a_standing_run_near_its_cap_gets_its_successor_queued_once(instance):
@@ -173,9 +173,9 @@ def test_a_standing_run_near_its_cap_gets_its_successor_queued_once(instance):
     assert asked(late + dt.timedelta(seconds=30)) == asked(late)  # the same key: asked once
     no_handover = shard_requests(instance, [], {}, 2, standing=True, now=late)
     assert no_handover == []
-    assert WriterResource(shard_standing=False).standing() is False
+    assert WriterResource(shard_standing=False).resolve().standing is False
     # A cap of 0 s (one pass per run) cannot stand: the sensor then asks only for pending shards.
-    assert WriterResource(shard_standing=True, shard_drain_seconds=0).standing() is False
+    assert WriterResource(shard_standing=True, shard_drain_seconds=0).resolve().standing is False
 
 
 def test_a_standing_shard_run_drains_ops_that_arrive_while_it_waits(
@@ -262,12 +262,12 @@ def test_a_bad_shard_setting_is_refused(monkeypatch):
     for bad in ("-2", "four", "1.5"):
         monkeypatch.setenv("OML_DRAIN_SHARDS", bad)
         with pytest.raises(ValueError, match=f"OML_DRAIN_SHARDS='{bad}'"):
-            WriterResource().shards()
+            WriterResource().resolve()
     monkeypatch.setenv("OML_DRAIN_SHARDS", "0")
-    assert WriterResource().shards() == 0
+    assert WriterResource().resolve().shards == 0
     monkeypatch.delenv("OML_DRAIN_SHARDS")
-    assert WriterResource().shards() == 4
-    assert WriterResource(drain_shards=2).shards() == 2
+    assert WriterResource().resolve().shards == 4
+    assert WriterResource(drain_shards=2).resolve().shards == 2
 
 
 def test_the_daemon_keeps_shard_runs_that_drain_every_tenant(conn, lake, tmp_path, monkeypatch):

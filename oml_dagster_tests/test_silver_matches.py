@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oml_dagster.lake.model.tables import SILVER_CLAIMS, writer_properties
-from oml_dagster.lake.store.storage import Lake, read_rows
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows
 from oml_dagster.lake.write import writer
 from oml_dagster_tests.helpers import merge_rows
 

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from oml_dagster import cli
-from oml_dagster.lake import analytics
+from oml_dagster.lake.analytics import sandbox
 from oml_dagster.lake.model.tables import SILVER_CLAIMS
 from oml_dagster.simulate import acts, producer
 
@@ -68,7 +68,7 @@ def test_one_shot_query_as_table_and_json(capsys, conn, two_tenants):
     )
     assert {r["event_type"]: r["n"] for r in json.loads(out)} == expected
 
-    view = analytics.curated_view(tree.a1)
+    view = sandbox.curated_view(tree.a1)
     assert "-" not in view
     code, out, _ = sql(capsys, "--tenant", a, "--json", f"SELECT state FROM {view}")
     assert code == 0 and [r["state"] for r in json.loads(out)] == ["promoted"] * 3
@@ -141,7 +141,7 @@ def test_another_tenants_tables_are_never_seen(capsys, lake, two_tenants):
         assert code == 2 and "refused" in err
 
     # Behind the query guard, the connection itself cannot leave the tenant's prefix.
-    with analytics.tenant_connection(lake, a, lockdown=True) as tc:
+    with sandbox.tenant_connection(lake, a, lockdown=True) as tc:
         with pytest.raises(duckdb.PermissionException):
             tc.con.execute(f"SELECT count(*) FROM delta_scan('{other}')").fetchall()
         with pytest.raises(duckdb.Error):

@@ -20,7 +20,8 @@ from botocore.exceptions import ClientError
 from oml_dagster import from_settings
 from oml_dagster.lake.errors import UnsupportedObjectStore
 from oml_dagster.lake.model.tables import CORE_TABLES, SILVER_CLAIMS
-from oml_dagster.lake.store.storage import PROBE_PREFIX, Lake
+from oml_dagster.lake.store.conditional_put import PROBE_PREFIX
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster_tests.helpers import LakeView, make_tree, promoted
 from oml_testbed.s3_server import new_bucket, s3_client, store_options

@@ -5,26 +5,32 @@ credentials only and that a tenant pointed at another's credentials stops with o
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import urllib.parse
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
 
 from oml_dagster import from_settings
-from oml_dagster.lake import analytics
+from oml_dagster.lake.analytics import reports, sandbox
 from oml_dagster.lake.audit.doctor import examine
 from oml_dagster.lake.audit.erasure import erasure_evidence
 from oml_dagster.lake.audit.reconcile import reconcile
 from oml_dagster.lake.errors import CrossTenantAccess, InvalidSetting, TenantCredentialsRefused
 from oml_dagster.lake.faults import EXIT_PERMANENT, describe
 from oml_dagster.lake.model.tables import BRONZE_EVENTS
-from oml_dagster.lake.store import storage
+from oml_dagster.lake.store import conditional_put
+from oml_dagster.lake.store.credentials import layered
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.maintenance import maintain
-from oml_dagster.lake.store.storage import Lake, layered
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.settings import TenantStorageReferences
 from oml_dagster.simulate import producer
@@ -177,6 +183,11 @@ def scoped(bucket: str, *prefixes: str) -> dict:
     }
 
 
+def moto_recorder(endpoint: str, action: str) -> None:
+    request = urllib.request.Request(f"{endpoint}/moto-api/recorder/{action}", method="POST")
+    urllib.request.urlopen(request, timeout=10).close()
+
+
 def moto_auth(endpoint: str, unauthenticated: str) -> None:
     """moto's server judges every request by IAM after `unauthenticated` more ("inf": never)."""
     request = urllib.request.Request(
@@ -192,8 +203,9 @@ class IamStore:
     """A moto server of its own (the session's takes any key) with IAM enforced, one bucket,
     and users whose inline policies scope them to prefixes."""
 
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, recording: Path):
         self.endpoint = endpoint
+        self.recording = recording
         self.bucket = f"oml-iam-{uuid.uuid4().hex[:8]}"
         anyone = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
         self.client(anyone).create_bucket(Bucket=self.bucket)  # auth is still off
@@ -235,17 +247,60 @@ class IamStore:
         listed = self.client(self.admin).list_objects_v2(Bucket=self.bucket, Prefix=prefix)
         return [o["Key"] for o in listed.get("Contents", [])]
 
+    @contextlib.contextmanager
+    def recorded(self) -> Iterator[list[Signed]]:
+        """The requests made on the bucket meanwhile, as the server received them."""
+        found: list[Signed] = []
+        moto_recorder(self.endpoint, "reset-recording")
+        moto_recorder(self.endpoint, "start-recording")
+        try:
+            yield found
+        finally:
+            moto_recorder(self.endpoint, "stop-recording")
+        for line in self.recording.read_text().splitlines():
+            request = Signed.of(json.loads(line), self.bucket)
+            if request is not None:
+                found.append(request)
+
+
+@dataclass(frozen=True)
+class Signed:
+    """One request on the bucket: its method, the key it names (a listing: its prefix), the
+    access key that signed it, and whether it was a put-if-absent."""
+
+    method: str
+    key: str
+    signer: str
+    if_none_match: bool
+
+    @classmethod
+    def of(cls, entry: dict, bucket: str) -> Signed | None:
+        url = urllib.parse.urlsplit(entry["url"])
+        path = urllib.parse.unquote(url.path).lstrip("/").split("/", 1)
+        if path[0] != bucket:
+            return None  # IAM, or the recorder itself
+        query = urllib.parse.parse_qs(url.query)
+        key = path[1] if len(path) > 1 and path[1] else query.get("prefix", [""])[0]
+        headers = {k.lower(): v for k, v in entry["headers"].items()}
+        signer = re.search(r"Credential=([^/]+)/", headers.get("authorization", ""))
+        return cls(
+            entry["method"], key, signer.group(1) if signer else "", "if-none-match" in headers
+        )
+
 
 @pytest.fixture(scope="module")
-def iam_endpoint(tmp_path_factory) -> Iterator[str]:
-    with moto_server(tmp_path_factory.mktemp("moto-iam") / "moto-server.log") as endpoint:
-        yield endpoint
+def iam_endpoint(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    where = tmp_path_factory.mktemp("moto-iam")
+    recording = where / "requests.jsonl"
+    with moto_server(where / "moto-server.log", recording=recording) as endpoint:
+        yield endpoint, recording
 
 
 @pytest.fixture
 def iam_store(iam_endpoint) -> IamStore:
-    moto_auth(iam_endpoint, "inf")  # off for the setup (the server outlives the test)
-    return IamStore(iam_endpoint)
+    endpoint, recording = iam_endpoint
+    moto_auth(endpoint, "inf")  # off for the setup (the server outlives the test)
+    return IamStore(endpoint, recording)
 
 
 def deploy(monkeypatch, store: IamStore, shared: dict[str, str], own_dir: Path) -> Lake:
@@ -287,35 +342,85 @@ def test_each_tenant_is_written_and_read_with_its_own_credentials_only(
     conn, iam_store, monkeypatch, tmp_path
 ):
     store = iam_store
-    # The shared set reaches the root's probe key and tenant B's prefix, never A's: every
-    # request on A's prefix that succeeds was signed with A's credentials.
+    # The shared set reaches the root's probe key and tenant B's prefix, never A's.
     shared = store.user("shared", scoped(store.bucket, "oml-lake/_oml_probe/", f"oml-lake/{B}/"))
     mine = store.user("tenant-a", scoped(store.bucket, f"oml-lake/{A}/"))
     own_file(tmp_path / "own", A, mine)
-    lake = deploy(monkeypatch, store, shared, tmp_path / "own")
     for tenant_id in (A, B):
         mixed_workload(conn, producer.create_tenant(conn, tenant_id))
+    signer = {shared["AWS_ACCESS_KEY_ID"]: "shared", mine["AWS_ACCESS_KEY_ID"]: "A's own"}
 
-    # One drain, one set of open tables, both tenants.
-    drain(conn, lake, [A, B], policy=DrainPolicy(until_idle=True))
+    with store.recorded() as requests:
+        # The deployment's lake (its shared set probed), one drain, one set of open tables, both
+        # tenants; then maintenance, the erasure evidence, the reconciler, the doctor and the
+        # analytics of A; what DuckDB reads of each.
+        lake = deploy(monkeypatch, store, shared, tmp_path / "own")
+        drain(conn, lake, [A, B], policy=DrainPolicy(until_idle=True))
+        maintained = maintain(conn, lake, A)
+        evidence = erasure_evidence(conn, lake, A)
+        reconciled = reconcile(conn, lake, A)
+        health = examine(conn, lake, A)
+        read = {}
+        for tenant_id in (A, B):
+            with sandbox.tenant_connection(lake, tenant_id) as tc:
+                volume = reports.event_volume(tc)
+                seqs = tc.rows("SELECT journal_seq FROM bronze_events ORDER BY journal_seq")
+            read[tenant_id] = (sum(r["events"] for r in volume), [r["journal_seq"] for r in seqs])
 
-    assert any("/_delta_log/" in k for k in store.keys(f"oml-lake/{A}/"))
-    assert any("/_delta_log/" in k for k in store.keys(f"oml-lake/{B}/"))
+    # Every request on A's prefix was signed with A's own credentials, every other with the
+    # shared set; each set was probed for put-if-absent under its own prefix, twice.
+    def reached(key: str) -> str:
+        for name, prefix in ((A, f"oml-lake/{A}/"), (B, f"oml-lake/{B}/"), ("root", "oml-lake/")):
+            if key.startswith(prefix):
+                return name
+        return key
+
+    assert {(reached(r.key), signer.get(r.signer, r.signer)) for r in requests} == {
+        (A, "A's own"),
+        (B, "shared"),
+        ("root", "shared"),
+    }
+    probes = Counter(
+        (reached(r.key), signer[r.signer])
+        for r in requests
+        if r.method == "PUT" and "/_oml_probe/" in f"/{r.key}" and r.if_none_match
+    )
+    assert probes == {(A, "A's own"): 2, ("root", "shared"): 2}
     assert not [k for k in store.keys("oml-lake/") if "_oml_probe" in k]  # probes cleaned up
+
+    # What was read through those credentials is exactly what the outbox holds.
+    for tenant_id in (A, B):
+        events = conn.execute(
+            "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND op = 'journal.event'",
+            (tenant_id,),
+        ).fetchone()[0]
+        assert read[tenant_id] == (events, list(range(1, events + 1))), tenant_id
+    tables = sorted(
+        {
+            k.split("/_delta_log/")[0].split(f"{A}/", 1)[1]
+            for k in store.keys(f"oml-lake/{A}/")
+            if "/_delta_log/" in k
+        }
+    )
+    assert len(tables) == 5  # the four core tables and the one validated area's curated table
+    assert sorted({r.table.replace(".", "/") for r in maintained}) == tables
+    claims = [t for t in tables if t.startswith(("silver/claims", "gold/curated/"))]
+    assert sorted(t.table.replace(".", "/") for t in evidence.tables) == claims
+    assert reconciled.ok and {r.table for r in reconciled.results} == {
+        "bronze.events",
+        "silver.claims",
+        "gold.lineage",
+        "gold.areas",
+        "gold.curated",
+    }
+    assert (health.lost_tables, health.failed_checks, health.lag_ops) == ([], [], 0)
     assert lake.for_tenant(A).own_source == f"file {tmp_path / 'own' / f'{A}.json'}"
-    assert storage._store_key(lake.for_tenant(A))[3] == mine["AWS_ACCESS_KEY_ID"]
-    # Maintenance, evidence, reconcile, doctor and analytics resolve A the same way.
-    assert maintain(conn, lake, A)
-    assert erasure_evidence(conn, lake, A).tenant_id == A
-    assert reconcile(conn, lake, A).ok
-    assert examine(conn, lake, A).tenant_id == A
-    with analytics.tenant_connection(lake, A) as tc:
-        assert analytics.event_volume(tc)
+    assert conditional_put.store_key(lake.for_tenant(A)).signer == mine["AWS_ACCESS_KEY_ID"]
 
     # A's credentials read and write A's prefix, and are refused on B's and on the root.
     a, b_key = store.client(mine), store.keys(f"oml-lake/{B}/")[0]
     a.put_object(Bucket=store.bucket, Key=f"oml-lake/{A}/scratch", Body=b"mine")
-    assert a.get_object(Bucket=store.bucket, Key=f"oml-lake/{A}/scratch")["Body"].read()
+    assert a.get_object(Bucket=store.bucket, Key=f"oml-lake/{A}/scratch")["Body"].read() == b"mine"
     assert refused(lambda: a.get_object(Bucket=store.bucket, Key=b_key)) == "AccessDenied"
     put = lambda key: a.put_object(Bucket=store.bucket, Key=key, Body=b"x")  # noqa: E731
     assert refused(lambda: put(f"oml-lake/{B}/_delta_log/x.json")) == "AccessDenied"

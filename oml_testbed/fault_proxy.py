@@ -92,7 +92,7 @@ class FaultProxy:
         self._injected = context.Array("q", len(KINDS))
         self._enabled = context.Value("b", 1)
         self._stop = context.Event()
-        self._process = None
+        self._process: multiprocessing.process.BaseProcess | None = None
         self.endpoint = ""
 
     @property
@@ -114,18 +114,21 @@ class FaultProxy:
     def __enter__(self) -> FaultProxy:
         ready, told = self._context.Pipe(duplex=False)
         shared = (self._requests, self._injected, self._enabled, self._stop)
-        self._process = self._context.Process(
+        process = self._context.Process(
             target=_serve_forever, args=(self._config, shared, told), daemon=True
         )
-        self._process.start()
+        self._process = process
+        process.start()
         if not ready.poll(START_TIMEOUT_S):
-            self._process.kill()
+            process.kill()
             raise RuntimeError(f"the fault proxy did not start within {START_TIMEOUT_S}s")
         self.endpoint = f"http://127.0.0.1:{ready.recv()}"
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        if self._process is None:
+            return
         self._process.join(10)
         if self._process.is_alive():
             self._process.kill()
@@ -149,7 +152,7 @@ class _Proxy:
     """The proxy's own process: a thread per connection, one request per connection."""
 
     def __init__(self, config: dict, requests, injected, enabled):
-        self.upstream = config["upstream"]
+        self.upstream: tuple[str, int] = config["upstream"]
         self.rate, self.kinds = config["rate"], config["kinds"]
         self.delay_seconds, self.timeout = config["delay_seconds"], config["timeout"]
         self.max_faults, self.schedule = config["max_faults"], config["schedule"]
@@ -238,7 +241,8 @@ class _Proxy:
             client.close()
 
     def _forward(self, method: str, target: str, headers: list, body: bytes):
-        upstream = http.client.HTTPConnection(*self.upstream, timeout=self.timeout)
+        host, port = self.upstream
+        upstream = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:
             upstream.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
             for name, value in headers:

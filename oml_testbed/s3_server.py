@@ -4,6 +4,7 @@ need an object store and for the benchmarks that measure one."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -40,12 +41,19 @@ def _wait_until_serving(proc: subprocess.Popen, endpoint: str) -> None:
 
 
 @contextlib.contextmanager
-def moto_server(log_path: str | Path | None = None) -> Iterator[str]:
+def moto_server(
+    log_path: str | Path | None = None, *, recording: str | Path | None = None
+) -> Iterator[str]:
     """The server's endpoint while it runs; its output (one line per request) goes to
-    `log_path` when given. Terminated (then killed if it lingers) on exit, which frees the
-    port."""
+    `log_path` when given. With `recording`, the server's request recorder writes there while
+    it is switched on (`/moto-api/recorder/start-recording`): one JSON line per request, its
+    headers (the signer's access key among them) included. Terminated (then killed if it
+    lingers) on exit, which frees the port."""
     port = _free_loopback_port()
     endpoint = f"http://127.0.0.1:{port}"
+    env = dict(os.environ)
+    if recording is not None:
+        env["MOTO_RECORDER_FILEPATH"] = str(recording)
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(log_path, "wb")) if log_path else subprocess.DEVNULL
         proc = subprocess.Popen(
@@ -53,6 +61,7 @@ def moto_server(log_path: str | Path | None = None) -> Iterator[str]:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=env,
         )
         try:
             _wait_until_serving(proc, endpoint)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from oml_dagster.lake.store.storage import read_rows, tenant_tables
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
 from oml_dagster.simulate import acts
 
 

@@ -20,6 +20,8 @@ fi
 "$VENV/bin/python" -m pip check
 "$VENV/bin/ruff" check oml_dagster oml_dagster_tests oml_testbed bench deploy
 "$VENV/bin/ruff" format --check --quiet oml_dagster oml_dagster_tests oml_testbed bench deploy
+# Types (pyproject.toml [tool.mypy]): strict on the core, the standard rules elsewhere.
+"$VENV/bin/mypy"
 export PATH="$PWD/$VENV/bin:$PATH"
 # Two workers by default (the suite waits on subprocesses, daemons and sleeps as much as it
 # computes); OML_TEST_WORKERS=0 runs it in one process.

@@ -4,7 +4,7 @@ OML_RETRY_SECONDS, OML_ERASURE_CADENCE_SECONDS and the rest of `oml_dagster.sett
 README's settings table). An error ends a command with one line naming the cause, the object and
 the remedy, and an exit code of its class (README "Exit codes"); `--debug` adds the traceback.
 
-Why one file (554 lines): the parser of every `oml-lake` command and the one-line error and exit-code
+Why one file: the parser of every `oml-lake` command and the one-line error and exit-code
 handling they share; each command's body is a short function that calls the core.
 """
 
@@ -34,7 +34,19 @@ from oml_dagster.lake.audit.doctor import (
 )
 from oml_dagster.lake.audit.erasure import APPLIED
 from oml_dagster.lake.audit.reconcile import reconcile
-from oml_dagster.lake.faults import Fault, RetryPolicy, describe, retrying
+from oml_dagster.lake.errors import RequeueError
+from oml_dagster.lake.faults import (
+    EXIT_FINDINGS,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OUTPUT_CLOSED,
+    EXIT_USAGE,
+    Fault,
+    RetryPolicy,
+    describe,
+    retrying,
+)
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.policy import lag, resolve_tenants
 from oml_dagster.lake.write import deadletter
@@ -61,7 +73,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         _print("schema oml is up to date")
     for role in args.writer_role or []:
         _print(f"writer role {role}: may log in, holds nothing outside a tenant or cross scope")
-    return 0
+    return EXIT_OK
 
 
 def _report_cut(report: sequencer.SequencerReport) -> None:
@@ -85,7 +97,7 @@ def cmd_sequence(args: argparse.Namespace) -> int:
     _report_cut(report)
     if not report.tenants:
         _print("nothing to sequence")
-    return 0
+    return EXIT_OK
 
 
 def _writer_config(max_batch: int | None) -> WriterConfig:
@@ -209,7 +221,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         printed.close()
 
@@ -232,7 +244,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         _print(
             f"gap tenant {gap.tenant_id}: {gap.waiting_rows} rows wait for journal_seq {gap.missing_journal_seq}"
         )
-    return 0
+    return EXIT_OK
 
 
 def _tenants(conn, named: list[str] | None) -> list[str]:
@@ -250,6 +262,7 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
         for tenant_id in _tenants(conn, args.tenant):
             verdict = erasure_verdict(conn, lake, tenant_id, cadence=cadence)
             evidence, per_artifact = verdict.evidence, verdict.artifacts
+            assert evidence is not None and per_artifact is not None  # a verdict carries both
             # Evidence read from a lake that is not all there is no evidence of the lost part.
             lost = lost_tables(conn, lake, tenant_id)
             unwell |= verdict.state != HOLDS or bool(lost)
@@ -298,7 +311,7 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                     f"  FINDING: a lost lake: {len(lost)} tables the frontier records are missing "
                     f"({', '.join(lost)}); the evidence covers what is left: backfill the tenant"
                 )
-    return 1 if unwell else 0
+    return EXIT_FINDINGS if unwell else EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -321,7 +334,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 _print(f"  {r.table} {r.name}: {verdict} ({r.checked} checked)")
                 for line in r.samples(args.samples):
                     _print(f"    {line}")
-    return 1 if found else 0
+    return EXIT_FINDINGS if found else EXIT_OK
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -341,11 +354,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 f"{health.lag_ops} ops, {health.lag_seconds:.0f}s; {health.dead_letters} open "
                 f"dead letters; {len(health.checkpoint_overdue)} tables past their checkpoint "
                 f"interval; {len(health.failed_checks)} failed checks; "
-                f"{health.erasure.headline()}"
+                f"{health.erasure.headline() if health.erasure else 'erasure SLO not judged'}"
             )
             for problem in health.problems:
                 _print(f"  {problem}")
-    return 1 if unwell else 0
+    return EXIT_FINDINGS if unwell else EXIT_OK
 
 
 def cmd_deadletter_list(args: argparse.Namespace) -> int:
@@ -363,7 +376,7 @@ def cmd_deadletter_list(args: argparse.Namespace) -> int:
         _print(f"seq {d.seq} tenant {d.tenant_id} {_refusal(d.op, d.reason)}{closed}")
     if not letters:
         _print("no dead letters")
-    return 0
+    return EXIT_OK
 
 
 def _refusal(op: str, reason: str) -> str:
@@ -375,7 +388,7 @@ def cmd_deadletter_resolve(args: argparse.Namespace) -> int:
     with from_settings.connect() as conn:
         when = deadletter.resolve(conn, args.seq, args.by, args.reason)
     _print(f"resolved dead letter {args.seq} at {when:%Y-%m-%dT%H:%M:%SZ} by {args.by.strip()}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
@@ -383,11 +396,11 @@ def cmd_deadletter_requeue(args: argparse.Namespace) -> int:
     with from_settings.connect() as conn:
         try:
             new_id = deadletter.requeue(conn, args.seq, args.by, payload)
-        except deadletter.RequeueError as error:
+        except RequeueError as error:
             print(f"oml-lake: {error}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     _print(f"re-enqueued dead letter {args.seq} as outbox row {new_id}")
-    return 0
+    return EXIT_OK
 
 
 def _per_tenant(
@@ -418,7 +431,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the traceback under an error's one line (or set OML_DEBUG=1)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _register_db(sub)
+    sub.add_parser("sequence", help="run the sequencer once").set_defaults(func=cmd_sequence)
+    dr = sub.add_parser("drain", help="sequence and apply batches to the lake")
+    dr.add_argument("--tenant", action="append", help="drain this tenant (repeatable)")
+    dr.add_argument("--until-idle", action="store_true", help="pass after pass until nothing moves")
+    dr.add_argument(
+        "--max-batch", type=int, default=None, help="ops per tenant batch (default: OML_MAX_BATCH)"
+    )
+    dr.set_defaults(func=cmd_drain)
+    _register_checks(sub)
+    _register_deadletter(sub)
+    maintenance_cli.register(sub)
+    analytics_cli.register(sub)
+    register_simulate(sub)
+    return parser
 
+
+def _register_db(sub: argparse._SubParsersAction) -> None:
     dbp = sub.add_parser("db", help="the Postgres schema").add_subparsers(
         dest="db_command", required=True
     )
@@ -436,16 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.set_defaults(func=cmd_db_upgrade)
 
-    sub.add_parser("sequence", help="run the sequencer once").set_defaults(func=cmd_sequence)
 
-    dr = sub.add_parser("drain", help="sequence and apply batches to the lake")
-    dr.add_argument("--tenant", action="append", help="drain this tenant (repeatable)")
-    dr.add_argument("--until-idle", action="store_true", help="pass after pass until nothing moves")
-    dr.add_argument(
-        "--max-batch", type=int, default=None, help="ops per tenant batch (default: OML_MAX_BATCH)"
-    )
-    dr.set_defaults(func=cmd_drain)
-
+def _register_checks(sub: argparse._SubParsersAction) -> None:
+    """The commands that judge a tenant's lake: erasure-evidence, reconcile, doctor."""
     ev = _per_tenant(
         sub,
         "erasure-evidence",
@@ -454,7 +477,6 @@ def build_parser() -> argparse.ArgumentParser:
         json_help="one JSON object per tenant, per erased version",
     )
     _cadence_option(ev, "maintenance cadence allowed on top of the bound")
-
     rc = _per_tenant(
         sub,
         "reconcile",
@@ -462,7 +484,6 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_reconcile,
     )
     rc.add_argument("--samples", type=int, default=5, help="findings shown per failed check")
-
     dc = _per_tenant(sub, "doctor", "one screen per tenant: what needs an operator", cmd_doctor)
     _cadence_option(dc, "maintenance cadence: an erasure within this of its deadline is at risk")
     dc.add_argument(
@@ -472,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="drain lag beyond which an operator is needed",
     )
 
+
+def _register_deadletter(sub: argparse._SubParsersAction) -> None:
     dl = sub.add_parser("deadletter", help="refused ops").add_subparsers(
         dest="dl_command", required=True
     )
@@ -492,10 +515,6 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--reason", required=True, help="why it is closed (recorded)")
     rs.add_argument("--by", default=getpass.getuser(), help="who resolves it (recorded)")
     rs.set_defaults(func=cmd_deadletter_resolve)
-    maintenance_cli.register(sub)
-    analytics_cli.register(sub)
-    register_simulate(sub)
-    return parser
 
 
 def _debug_asked() -> bool:
@@ -521,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         # Nothing more can be written there; keep the interpreter from failing on it again.
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return EXIT_OUTPUT_CLOSED
     except Exception as error:
         line, code = describe(error)
         if _debugging(args):
@@ -543,20 +562,21 @@ def entry() -> NoReturn:
         # ends): the command's own line already says what committed. --debug keeps it.
         logging.getLogger("psycopg").setLevel(logging.ERROR)
     with native_panics_filtered(not _debug_asked()):
+        code: int | str | None
         try:
             code = main()
         except SystemExit as stop:  # argparse's usage errors, --help
             code = stop.code
         except KeyboardInterrupt:
-            code = 130  # what a shell reports for a command stopped by Ctrl-C, as before
+            code = EXIT_INTERRUPTED
         except BaseException:
             traceback.print_exc()
-            code = 1
+            code = EXIT_INTERNAL
     if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
+        print(code, file=sys.stderr)  # a SystemExit with a message, as the interpreter does
+        code = EXIT_FINDINGS
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(code or 0)
+    os._exit(code or EXIT_OK)

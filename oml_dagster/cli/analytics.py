@@ -1,5 +1,5 @@
 """`oml-lake sql` and `oml-lake areas-at`: the lake analytics of `oml_dagster.lake.analytics`
-from the command line.
+from the command line. DuckDB is imported by these commands alone (lazily, below).
 
 `sql --tenant T ["QUERY"]` runs read-only SQL over the tenant's tables as views (`bronze_events`,
 `silver_claims`, `gold_lineage`, `gold_areas`, `curated_<workarea_id with '-' as '_'>`): one-shot
@@ -8,8 +8,9 @@ with a query, else the queries read from stdin, interactively on a terminal (end
 table, or `--json` (binary columns as base64: ciphertext stays ciphertext).
 
 `areas-at --tenant T [--date D]` replays the tenant's journalled area events from bronze up to
-the instant D (a date means the end of that UTC day; default: now) and prints the tree. At the
-present it is checked against gold.areas (exit 1 on any difference). With Postgres reachable
+the instant D (a date means the end of that UTC day; default: now) through the op catalog's own
+rules and prints the tree. At the present (D at or past the latest area act) it is checked
+against gold.areas (exit 1 on any difference). With Postgres reachable
 (`OML_PG_DSN`), acts whose area ops the writer dead-lettered are left out of the replay, as they
 are out of gold.areas.
 """
@@ -27,13 +28,15 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from oml_dagster import from_settings
+from oml_dagster.lake.faults import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from oml_dagster.lake.policy import resolve_tenants
 from oml_dagster.settings import PG_DSN
 
 from .output import out as _print
 
 if TYPE_CHECKING:
-    from oml_dagster.lake import analytics
+    from oml_dagster.lake.analytics.areas import AreaReplay
+    from oml_dagster.lake.analytics.sandbox import TenantConnection
 
 
 def _tenant(text: str) -> str:
@@ -45,10 +48,10 @@ def _tenant(text: str) -> str:
 
 
 def _instant_arg(text: str) -> dt.datetime:
-    from oml_dagster.lake import analytics  # DuckDB: paid for by these commands alone
+    from oml_dagster.lake.analytics.areas import parse_instant
 
     try:
-        return analytics.parse_instant(text)
+        return parse_instant(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -96,28 +99,28 @@ def _emit(columns: list[str], rows: list[tuple], as_json: bool) -> None:
         _print(format_table(columns, rows))
 
 
-def _run_one(tc: analytics.TenantConnection, sql: str, as_json: bool) -> int:
+def _run_one(tc: TenantConnection, sql: str, as_json: bool) -> int:
     import duckdb
 
-    from oml_dagster.lake import analytics  # DuckDB: paid for by these commands alone
+    from oml_dagster.lake.analytics.guard import RefusedQuery, run_query
 
     try:
-        columns, rows = analytics.run_query(tc, sql)
-    except analytics.RefusedQuery as refused:
+        columns, rows = run_query(tc, sql)
+    except RefusedQuery as refused:
         print(f"oml-lake sql: refused: {refused.reason}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except duckdb.Error as error:
         print(f"oml-lake sql: {error}", file=sys.stderr)
-        return 1
+        return EXIT_FINDINGS
     _emit(columns, rows, as_json)
-    return 0
+    return EXIT_OK
 
 
-def _interactive(tc: analytics.TenantConnection, as_json: bool) -> int:
+def _interactive(tc: TenantConnection, as_json: bool) -> int:
     _print(f"tenant {tc.tenant_id}: views {', '.join(sorted(tc.views))}")
     _print("read-only SQL; end a query with ';', quit with Ctrl-D")
     buffer: list[str] = []
-    worst = 0
+    worst = EXIT_OK
     while True:
         try:
             line = input("oml-lake> " if not buffer else "      ..> ")
@@ -138,17 +141,17 @@ def _known(tenant_id: str) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from oml_dagster.lake import analytics  # DuckDB: paid for by these commands alone
+    from oml_dagster.lake.analytics.sandbox import tenant_connection
 
     lake = from_settings.lake()
     _known(args.tenant)
-    with analytics.tenant_connection(lake, args.tenant, lockdown=True) as tc:
+    with tenant_connection(lake, args.tenant, lockdown=True) as tc:
         if not any(v.uri for v in tc.views.values()):
             print(
                 f"oml-lake sql: tenant {args.tenant} has no lake tables under {lake.root}",
                 file=sys.stderr,
             )
-            return 1
+            return EXIT_FINDINGS
         if args.query:
             return _run_one(tc, args.query, args.json)
         if sys.stdin.isatty():
@@ -160,21 +163,29 @@ def _tree_rows(areas: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(areas.values(), key=lambda a: (a["path"] or "", a["workarea_id"]))
 
 
+def _refused_acts(tenant_id: str) -> frozenset[int]:
+    """With PostgreSQL configured: the acts whose area ops the writer dead-lettered (an unknown
+    tenant is refused, exit 2); unreachable, the replay goes by bronze alone."""
+    from oml_dagster.lake.analytics.areas import refused_area_acts
+
+    if not PG_DSN.is_set():
+        return frozenset()
+    try:
+        with from_settings.connect() as conn:
+            resolve_tenants(conn, [tenant_id])
+            return refused_area_acts(conn, tenant_id)
+    except psycopg.Error as error:
+        print(f"oml-lake areas-at: Postgres unreachable ({error}); bronze alone", file=sys.stderr)
+        return frozenset()
+
+
 def cmd_areas_at(args: argparse.Namespace) -> int:
-    from oml_dagster.lake import analytics  # DuckDB: paid for by these commands alone
+    from oml_dagster.lake.analytics import areas
+    from oml_dagster.lake.analytics.sandbox import tenant_connection
 
     lake = from_settings.lake()
-    refused: frozenset[int] = frozenset()
-    if PG_DSN.is_set():
-        try:
-            with from_settings.connect() as conn:
-                resolve_tenants(conn, [args.tenant])
-                refused = analytics.refused_area_acts(conn, args.tenant)
-        except psycopg.Error as error:
-            print(
-                f"oml-lake areas-at: Postgres unreachable ({error}); bronze alone", file=sys.stderr
-            )
-    with analytics.tenant_connection(lake, args.tenant) as tc:
+    refused = _refused_acts(args.tenant)
+    with tenant_connection(lake, args.tenant) as tc:
         if not tc.views["bronze_events"].uri:
             # No journal to replay: a lost lake (or one never drained), never an empty tree that
             # "matches" an empty gold.areas.
@@ -183,53 +194,57 @@ def cmd_areas_at(args: argparse.Namespace) -> int:
                 "(a lost lake, or one not drained yet: backfill or drain the tenant)",
                 file=sys.stderr,
             )
-            return 1
-        events = analytics.area_events(tc)
-        replay = analytics.replay_areas(events, args.date, refused)
-        latest = max((analytics.event_instant(e) for e in events), default=None)
-        present = args.date is None or latest is None or args.date >= latest
+            return EXIT_FINDINGS
+        replay = areas.replay_areas(
+            args.tenant, areas.area_events(tc), as_of=args.date, refused_journal_seqs=refused
+        )
         differences = (
-            analytics.area_differences(replay.areas, analytics.gold_areas(tc)) if present else []
+            areas.area_differences(replay.areas, areas.gold_areas(tc)) if replay.at_present else []
         )
-    rows = _tree_rows(replay.areas)
-    as_of = args.date.isoformat() if args.date else "now"
     if args.json:
-        _print(
-            json.dumps(
-                {
-                    "tenant_id": args.tenant,
-                    "as_of": as_of,
-                    "events_applied": replay.events_applied,
-                    "last_journal_seq": replay.last_journal_seq,
-                    "skipped": [{"journal_seq": s, "reason": r} for s, r in replay.skipped],
-                    "checked_against_gold_areas": present,
-                    "differences": differences,
-                    "areas": [_json_value(r) for r in rows],
-                }
-            )
-        )
+        _print(json.dumps(_areas_document(args.tenant, replay, differences)))
     else:
-        _print(
-            f"tenant {args.tenant} workarea tree as of {as_of}: {len(rows)} nodes from "
-            f"{replay.events_applied} area events"
-            + (
-                f" (through journal_seq {replay.last_journal_seq})"
-                if replay.last_journal_seq is not None
-                else ""
-            )
-        )
-        columns = ["path", "workarea_id", "status", "parent_id", "crew_name", "updated_at"]
-        _print(format_table(columns, [tuple(r[c] for c in columns) for r in rows]))
-        for seq, reason in replay.skipped:
-            _print(f"skipped journal_seq {seq}: {reason}")
-        if present:
-            if differences:
-                _print(f"differs from gold.areas in {len(differences)} places:")
-                for line in differences:
-                    _print(f"  {line}")
-            else:
-                _print(f"matches gold.areas ({len(rows)} nodes)")
-    return 1 if differences else 0
+        _print_areas(args.tenant, replay, differences)
+    return EXIT_FINDINGS if differences else EXIT_OK
+
+
+def _areas_document(tenant_id: str, replay: AreaReplay, differences: list[str]) -> dict[str, Any]:
+    return {
+        "tenant_id": tenant_id,
+        "as_of": replay.as_of.isoformat() if replay.as_of else "now",
+        "events_applied": replay.events_applied,
+        "last_journal_seq": replay.last_journal_seq,
+        "skipped": [{"journal_seq": s, "reason": r} for s, r in replay.skipped],
+        "checked_against_gold_areas": replay.at_present,
+        "differences": differences,
+        "areas": [_json_value(r) for r in _tree_rows(replay.areas)],
+    }
+
+
+def _print_areas(tenant_id: str, replay: AreaReplay, differences: list[str]) -> None:
+    rows = _tree_rows(replay.areas)
+    through = (
+        f" (through journal_seq {replay.last_journal_seq})"
+        if replay.last_journal_seq is not None
+        else ""
+    )
+    _print(
+        f"tenant {tenant_id} workarea tree as of "
+        f"{replay.as_of.isoformat() if replay.as_of else 'now'}: {len(rows)} nodes from "
+        f"{replay.events_applied} area events{through}"
+    )
+    columns = ["path", "workarea_id", "status", "parent_id", "crew_name", "updated_at"]
+    _print(format_table(columns, [tuple(r[c] for c in columns) for r in rows]))
+    for seq, reason in replay.skipped:
+        _print(f"skipped journal_seq {seq}: {reason}")
+    if not replay.at_present:
+        return
+    if differences:
+        _print(f"differs from gold.areas in {len(differences)} places:")
+        for line in differences:
+            _print(f"  {line}")
+    else:
+        _print(f"matches gold.areas ({len(rows)} nodes)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

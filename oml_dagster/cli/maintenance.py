@@ -10,6 +10,7 @@ import argparse
 
 from oml_dagster import from_settings
 from oml_dagster.lake.audit.doctor import lost_tables
+from oml_dagster.lake.faults import EXIT_FINDINGS, EXIT_OK
 from oml_dagster.lake.policy import resolve_tenants
 from oml_dagster.lake.store import maintenance
 
@@ -50,7 +51,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 f"({sums['bytes_removed']} bytes), {sums['commits']} commits, "
                 f"{sums['duration_seconds']:.2f}s"
             )
-    return 1 if found else 0
+    return EXIT_FINDINGS if found else EXIT_OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from oml_dagster import from_settings
+from oml_dagster.lake.faults import EXIT_FINDINGS, EXIT_OK, EXIT_PERMANENT, EXIT_USAGE
 
 if TYPE_CHECKING:
     from oml_dagster.simulate.runner import RunConfig, RunReport
@@ -93,14 +94,14 @@ def _report(report: RunReport, workload: WorkloadConfig, config: RunConfig) -> N
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    # Imported here: the producer's modules are paid for by `simulate` alone (issue 35).
+    # Imported here: the producer's modules are paid for by `simulate` alone.
     from oml_dagster.simulate import verify
     from oml_dagster.simulate.runner import RunConfig, SimulationError, run
     from oml_dagster.simulate.workload import WorkloadConfig
 
     if args.duration is not None and args.rate is None:
         print("oml-lake simulate: --duration needs --rate", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         workload = WorkloadConfig(
             tenants=args.tenants, claims=args.claims, seed=args.seed, bad_ratio=args.bad_ratio
@@ -114,19 +115,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         print(f"oml-lake simulate: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         report = run(from_settings.dsn(), workload, config)
     except SimulationError as error:
         print(f"oml-lake simulate: {error}", file=sys.stderr)
-        return 1
+        return EXIT_PERMANENT
     _report(report, workload, config)
     if not args.verify:
-        return 0
+        return EXIT_OK
     with from_settings.connect() as conn:
         results = verify.verify(conn, report.tenants)
     for result in results:
         _print("  verify " + result.summary())
-        for error in result.errors:
-            _print(f"    {error}")
-    return 0 if all(r.ok for r in results) else 1
+        for problem in result.errors:
+            _print(f"    {problem}")
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FINDINGS

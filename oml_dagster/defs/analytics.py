@@ -3,7 +3,7 @@
 provenance (silver joined to gold.areas), and lineage statistics (gold.lineage). Each reports a
 small table in its metadata and numbers the UI plots over time.
 
-They read through DuckDB's Delta extension (`oml_dagster.lake.analytics`), so each asset also has
+They read through DuckDB's Delta extension (`oml_dagster.lake.analytics.sandbox`), so each asset also has
 a check, `second_reader_agrees`, that the tables it read count the same rows as their Delta logs
 say: every analytics run is a read check by a second implementation.
 
@@ -15,18 +15,18 @@ sensor's lake-writer runs (`docs/decisions/0019-analytics-assets.md`).
 import datetime as dt
 import functools
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import dagster as dg
 
-from oml_dagster.lake import analytics
+from oml_dagster.lake.analytics import lag, reports, sandbox, second_reader
 from oml_dagster.lake.model.tables import DEMOTED, ERASED, HELD, PROMOTED
-from oml_dagster.lake.store.storage import Lake
+from oml_dagster.lake.store.layout import Lake
 
 from .assets import AREAS, BRONZE, CURATED, LINEAGE, OUTBOX, SILVER, TABLE_OF
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import LakeResource, PostgresResource, settings
+from .resources import DeploymentSettings, LakeResource, PostgresResource
 
 warnings.filterwarnings(
     "ignore", "Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning
@@ -92,8 +92,8 @@ _analytics_asset = functools.partial(
     description="Bronze events per day, event_type and provenance.",
 )
 def event_volume(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
-    with analytics.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
-        rows = analytics.event_volume(tc)
+    with sandbox.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
+        rows = reports.event_volume(tc)
     today = dt.datetime.now(dt.UTC).date()
     by_type: dict[str, int] = {}
     by_provenance: dict[str, int] = {}
@@ -125,11 +125,11 @@ def lake_lag(
 ) -> dg.MaterializeResult:
     tenant_id = _partition_tenant(context)
     store = lake.get_lake()
-    with analytics.tenant_connection(store, tenant_id) as tc:
+    with sandbox.tenant_connection(store, tenant_id) as tc:
         tables = [(v.table, v.uri) for v in tc.views.values() if v.uri is not None]
     with postgres.connect() as conn:
-        commits = analytics.lake_lag(conn, store, tenant_id, tables)
-    summary = analytics.lag_summary(commits)
+        commits = lag.lake_lag(conn, store, tenant_id, tables)
+    summary = lag.lag_summary(commits)
     recent = sorted(commits, key=lambda c: c.committed_at)[-ROWS_SHOWN:]
     metadata: dict[str, Any] = {
         "writer_commits": len(commits),
@@ -162,8 +162,8 @@ def lake_lag(
     description="Silver claims by state, workarea (path and status from gold.areas) and provenance.",
 )
 def claims_by_state(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
-    with analytics.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
-        rows = analytics.claims_by_state(tc)
+    with sandbox.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
+        rows = reports.claims_by_state(tc)
     states: dict[str, int] = {}
     for r in rows:
         states[r["state"]] = states.get(r["state"], 0) + r["claims"]
@@ -187,8 +187,8 @@ def claims_by_state(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
     ),
 )
 def lineage_stats(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
-    with analytics.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
-        stats = analytics.lineage_stats(tc)
+    with sandbox.tenant_connection(lake.get_lake(), _partition_tenant(context)) as tc:
+        stats = reports.lineage_stats(tc)
     return dg.MaterializeResult(
         metadata={
             "edges": sum(r["edges"] for r in stats.edges),
@@ -211,15 +211,15 @@ ANALYTICS_ASSETS = [event_volume, lake_lag, claims_by_state, lineage_stats]
 
 def read_check_result(lake: Lake, tenant_id: str, reads: list[dg.AssetKey]) -> dg.AssetCheckResult:
     names = [TABLE_OF[k].name for k in reads]
-    with analytics.tenant_connection(lake, tenant_id) as tc:
-        checks = analytics.second_reader_check(lake, tc, names)
+    with sandbox.tenant_connection(lake, tenant_id) as tc:
+        checks = second_reader.second_reader_check(lake, tc, names)
     failing = [c for c in checks if not c.agrees]
     return dg.AssetCheckResult(
         passed=not failing,
         metadata={
             "tables_read": len(checks),
             "tables_disagreeing": len(failing),
-            "rows_read": sum(c.duckdb_rows for c in checks),
+            "rows_read": sum(c.duckdb_rows or 0 for c in checks),
             "counts": md_table(
                 [
                     {
@@ -269,19 +269,25 @@ lake_analytics_job = dg.define_asset_job(
 )
 
 
-@dg.schedule(
-    name="daily_analytics_schedule",
-    job=lake_analytics_job,
-    cron_schedule=settings.analytics_cron,
-    execution_timezone=settings.schedule_timezone,
-    default_status=(
-        dg.DefaultScheduleStatus.RUNNING if settings.autostart else dg.DefaultScheduleStatus.STOPPED
-    ),
-    description="One lake_analytics_job run per tenant partition.",
-)
-def daily_analytics_schedule(context: dg.ScheduleEvaluationContext):
+def analytics_requests(
+    context: dg.ScheduleEvaluationContext,
+) -> Iterator[dg.SkipReason | dg.RunRequest]:
     tenants = context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
     if not tenants:
-        return dg.SkipReason("no tenant partitions yet")
+        yield dg.SkipReason("no tenant partitions yet")
+        return
     tick = context.scheduled_execution_time.isoformat()
-    return [dg.RunRequest(run_key=f"analytics:{t}:{tick}", partition_key=t) for t in tenants]
+    for t in tenants:
+        yield dg.RunRequest(run_key=f"analytics:{t}:{tick}", partition_key=t)
+
+
+def build_analytics_schedule(settings: DeploymentSettings) -> dg.ScheduleDefinition:
+    return dg.ScheduleDefinition(
+        name="daily_analytics_schedule",
+        job=lake_analytics_job,
+        cron_schedule=settings.analytics_cron,
+        execution_timezone=settings.schedule_timezone,
+        execution_fn=analytics_requests,
+        default_status=settings.schedule_status,
+        description="One lake_analytics_job run per tenant partition.",
+    )

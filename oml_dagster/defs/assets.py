@@ -11,8 +11,8 @@ an execution order: the core owns the commit order.
 
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
-import psycopg
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -25,23 +25,18 @@ from dagster import (
     multi_asset,
 )
 
-from oml_dagster.lake import queries
-from oml_dagster.lake.audit.freshness import tenant_lag
+from oml_dagster.lake.audit.run_report import RunReport, run_report
 from oml_dagster.lake.model.tables import (
     BRONZE_EVENTS,
     GOLD_AREAS,
     GOLD_CURATED,
     GOLD_LINEAGE,
     SILVER_CLAIMS,
-    TableId,
     TableSpec,
 )
-from oml_dagster.lake.policy import lag
-from oml_dagster.lake.queries import tenant_scope
-from oml_dagster.lake.store.storage import Lake
-from oml_dagster.lake.write import deadletter
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain_riding_through
-from oml_dagster.lake.write.writer import COMMITS, BatchResult, TableOutcome
+from oml_dagster.lake.write.writer import COMMITS, BatchResult
 
 from .failures import RunDrainObserver, failing_clearly, with_retry
 from .partitions import tenant_partitions
@@ -125,88 +120,45 @@ LAKE_SPECS: list[AssetSpec] = [
 ]
 
 
-def run_metadata(
-    conn: psycopg.Connection, lake: Lake, results: list[BatchResult]
-) -> dict[AssetKey, dict]:
-    """What one run did to each table over its batches (at least one), as numbers the UI plots
-    over time: rows added and updated by its commits, the table's version and txn version
-    afterwards, the run's bounds (first batch's start, last batch's end), the number of batches
-    that read ops (the loop's last, empty look for more is not one),
-    the ops they read and those new to the lake (applied or dead-lettered), how far the
-    table's txn version lags the sequenced outbox, and how far the tenant still lags: the age
-    and count of its outbox rows not yet in every core table (`drain_lag_*`, the number the
-    freshness check judges; the same on every table)."""
-    first, last = results[0], results[-1]
-    tenant_id = first.tenant_id
-    batch_start, batch_end = first.batch_start, last.batch_end
-    # A batch starts at the least advanced table, so it may re-read ops other tables hold
-    # already (ADR 0002); the ops above the most advanced table are the ones new to the lake.
-    # A replay after a loss finds every table gone: all its ops are new again. Over a run, the
-    # new ops start where its earliest batch found the most advanced table.
-    new_from = min(max((t.txn_before for t in r.tables), default=r.batch_end) for r in results)
-    new_ops = 0
-    with tenant_scope(conn, tenant_id):
-        if new_from < batch_end:
-            new_ops = queries.ops_in(conn, tenant_id, new_from, batch_end)
-        # Where every table stands after the run (the run has just refreshed this cache).
-        frontier = queries.frontier_versions(conn, tenant_id)
-    # Verdicts recorded by an earlier run of the same ops count too: a replay reuses them.
-    refused = len(deadletter.refused_seqs(conn, tenant_id, new_from, batch_end))
-    outcomes_of_run = [t for r in results for t in r.tables]
-    # The tenant's lag after the run: a table's own lag above counts from its txn version, which
-    # an idle table (no op of its kind) keeps for up to txn_lag_limit ops, drained or not.
-    behind = tenant_lag(conn, tenant_id)
-    drain_lag = {
-        "drain_lag_seconds": float(behind.seconds) if behind else 0.0,
-        "drain_lag_ops": (behind.ops_waiting + behind.ops_unsequenced) if behind else 0,
+def run_metadata(report: RunReport, lake: Lake) -> dict[AssetKey, dict[str, Any]]:
+    """The core's report of one run (`run_report`) as each lake asset's materialization
+    metadata: the run's numbers on every table, each kind of table's own beside them."""
+    shared = {
+        **report.run_numbers(),
+        "drain_lag_seconds": report.drain_lag_seconds,
+        "drain_lag_ops": report.drain_lag_ops,
     }
-    found: dict[AssetKey, dict] = {}
-    for key, spec in TABLE_OF.items():
-        outcomes = [t for t in outcomes_of_run if TableId.parse(t.table).spec_name == spec.name]
-        tables = {
-            n: state for n, state in frontier.items() if TableId.parse(n).spec_name == spec.name
-        }
-        meta: dict = {
-            "rows_written": sum(t.rows for t in outcomes),
-            # From each commit's own result (the MERGE's metrics), not a second log read.
-            "rows_added": sum(t.rows_added for t in outcomes),
-            "rows_updated": sum(t.rows_updated for t in outcomes),
-            "batch_start": batch_start,
-            "batch_end": batch_end,
-            "batches": sum(1 for r in results if r.ops),
-            "ops_in_batch": sum(r.ops for r in results),
-            "ops_new": new_ops,
-            "ops_applied": new_ops - refused,
-            "ops_dead_lettered": refused,
-            "commit_attempts": sum(t.attempts for t in outcomes),
-            "action": _action(outcomes),
-        }
-        if tables:
-            txn = min(t for t, _ in tables.values())
-            meta["txn_version"] = txn
-            meta["lag_ops"], lag_seconds = lag(conn, tenant_id, txn)
-            meta["lag_seconds"] = float(lag_seconds)
-        meta.update(drain_lag)
-        if spec is GOLD_CURATED:
-            meta["curated_tables"] = len(tables)
-            meta["table_versions"] = MetadataValue.json(
-                {
-                    TableId.parse(name).workarea_id: version
-                    for name, (_, version) in sorted(tables.items())
-                }
-            )
-        elif tables.get(spec.name, (None, None))[1] is not None:
-            meta["table_version"] = tables[spec.name][1]
-            meta["table_uri"] = MetadataValue.path(lake.table_uri(tenant_id, spec))
-        found[key] = meta
-    return found
+    return {key: _table_metadata(report, spec, shared, lake) for key, spec in TABLE_OF.items()}
 
 
-def _action(outcomes: list[TableOutcome]) -> str:
-    if not outcomes:
-        return "nothing pending"
-    actions = sorted({t.action for t in outcomes})
-    return "+".join(actions)
+def _table_metadata(
+    report: RunReport, spec: TableSpec, shared: dict[str, Any], lake: Lake
+) -> dict[str, Any]:
+    table = report.tables[spec.name]
+    meta: dict[str, Any] = {
+        "rows_written": table.rows_written,
+        # From each commit's own result (the MERGE's metrics), not a second log read.
+        "rows_added": table.rows_added,
+        "rows_updated": table.rows_updated,
+        "commit_attempts": table.commit_attempts,
+        "action": table.action,
+        **shared,
+    }
+    if table.txn_version is not None:
+        meta.update(
+            txn_version=table.txn_version,
+            lag_ops=table.lag_ops,
+            lag_seconds=float(table.lag_seconds or 0.0),
+        )
+    if spec is GOLD_CURATED:
+        meta["curated_tables"] = len(table.versions)
+        meta["table_versions"] = MetadataValue.json(
+            {str(workarea): version for workarea, version in table.versions.items()}
+        )
+    elif table.versions.get(None) is not None:
+        meta["table_version"] = table.versions[None]
+        meta["table_uri"] = MetadataValue.path(lake.table_uri(report.tenant_id, spec))
+    return meta
 
 
 def _summary(passes: list[DrainPass], results: list[BatchResult], metadata: dict) -> str:
@@ -244,8 +196,8 @@ def lake_tables(
     writer: WriterResource,
 ) -> Iterator[MaterializeResult]:
     tenant_id = context.partition_key
-    cap = writer.drain_seconds()
-    retry = writer.retry_policy()
+    settings = writer.settings
+    cap, retry = settings.run_drain_seconds, settings.retry
     with failing_clearly():
         store = with_retry(context, retry, lake.get_lake)
         # The core's loop, as `oml-lake drain --until-idle` runs it, for this tenant only, riding
@@ -256,16 +208,16 @@ def lake_tables(
             store,
             [tenant_id],
             retry=retry,
-            policy=DrainPolicy(until_idle=cap > 0, max_seconds=cap, config=writer.config()),
+            policy=DrainPolicy(until_idle=cap > 0, max_seconds=cap, config=settings.config),
             observer=RunDrainObserver(context),
         )
         results = [b for p in passes for b in p.batches]
 
-        def report() -> dict:
+        def report() -> RunReport:
             with postgres.connect() as conn:
-                return run_metadata(conn, store, results)
+                return run_report(conn, results)
 
-        metadata = with_retry(context, retry, report)
+        metadata = run_metadata(with_retry(context, retry, report), store)
     context.log.info(_summary(passes, results, metadata))
     for key in TABLE_OF:
         yield MaterializeResult(asset_key=key, metadata=metadata[key])

@@ -16,9 +16,9 @@ batch); the reconcile schedule runs them alone, per tenant, in the lake-writer j
 same lease), and a backfill or a run from the UI runs them after the drain.
 """
 
-import datetime as dt
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 
@@ -30,7 +30,7 @@ from oml_dagster.lake.write import deadletter
 from .assets import CURATED, OUTBOX, SILVER, TABLE_OF
 from .jobs import ERASURE_EVIDENCE
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import LakeResource, PostgresResource, settings
+from .resources import DeploymentSettings, LakeResource, PostgresResource
 
 # Checks stored per tenant partition need `partitions_def`, which this Dagster release flags as a
 # preview; the warning is known and accepted here.
@@ -104,7 +104,7 @@ def reconciler(
             if d.resolved_at is not None
         ]
     for r in result.results:
-        metadata = {
+        metadata: dict[str, Any] = {
             "checked": r.checked,
             "findings": len(r.findings),
             "sample_findings": r.samples(SAMPLE),
@@ -122,7 +122,7 @@ def reconciler(
 def _evidence(read, context, postgres: PostgresResource, lake: LakeResource):
     """(the maintenance cadence the erasure SLO allows, `read`'s evidence of the partition's
     tenant under it): `read` is `erasure_verdict` or `erased_artifacts`."""
-    cadence = dt.timedelta(seconds=settings.erasure_cadence_seconds)
+    cadence = lake.settings.erasure_cadence
     with postgres.connect() as conn:
         return cadence, read(conn, lake.get_lake(), context.partition_key, cadence=cadence)
 
@@ -205,27 +205,30 @@ LAKE_CHECKS: list[dg.AssetChecksDefinition] = [reconciler, erasure_slo_holds]
 LAKE_CHECK_KEYS: list[dg.AssetCheckKey] = [key for c in LAKE_CHECKS for key in c.check_keys]
 
 
-@dg.schedule(
-    name="reconcile_schedule",
-    job_name="lake_writer_job",
-    cron_schedule=settings.reconcile_cron,
-    execution_timezone=settings.schedule_timezone,
-    default_status=(
-        dg.DefaultScheduleStatus.RUNNING if settings.autostart else dg.DefaultScheduleStatus.STOPPED
-    ),
-    description=("Runs the reconciler checks and the erasure evidence once per tenant partition."),
-)
-def reconcile_schedule(context: dg.ScheduleEvaluationContext):
+def reconcile_requests(
+    context: dg.ScheduleEvaluationContext,
+) -> Iterator[dg.SkipReason | dg.RunRequest]:
     tenants = context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
     if not tenants:
-        return dg.SkipReason("no tenant partitions yet")
+        yield dg.SkipReason("no tenant partitions yet")
+        return
     tick = context.scheduled_execution_time.isoformat()
-    return [
-        dg.RunRequest(
+    for t in tenants:
+        yield dg.RunRequest(
             run_key=f"{t}:{tick}",
             partition_key=t,
             asset_selection=[ERASURE_EVIDENCE],
             asset_check_keys=LAKE_CHECK_KEYS,
         )
-        for t in tenants
-    ]
+
+
+def build_reconcile_schedule(settings: DeploymentSettings) -> dg.ScheduleDefinition:
+    return dg.ScheduleDefinition(
+        name="reconcile_schedule",
+        job_name="lake_writer_job",
+        cron_schedule=settings.reconcile_cron,
+        execution_timezone=settings.schedule_timezone,
+        execution_fn=reconcile_requests,
+        default_status=settings.schedule_status,
+        description="Runs the reconciler checks and the erasure evidence once per tenant partition.",
+    )

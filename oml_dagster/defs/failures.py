@@ -8,12 +8,14 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from dagster import Failure, OpExecutionContext
+from dagster import AssetExecutionContext, Failure, OpExecutionContext
 
 from oml_dagster.lake.faults import Fault, RetryPolicy, describe, retrying
 from oml_dagster.lake.write.drain import DrainObserver
 
 T = TypeVar("T")
+# What a run's step logs through: an op's context or an asset's.
+RunContext = OpExecutionContext | AssetExecutionContext
 
 
 @contextlib.contextmanager
@@ -31,7 +33,7 @@ def failing_clearly() -> Iterator[None]:
         ) from error
 
 
-def warn_retry(context: OpExecutionContext) -> Callable[[Fault, int, float], None]:
+def warn_retry(context: RunContext) -> Callable[[Fault, int, float], None]:
     def warn(fault: Fault, failures: int, wait: float) -> None:
         context.log.warning(
             f"{fault.line()} -- retrying in {wait:.1f}s (fault {failures} in a row)"
@@ -43,13 +45,13 @@ def warn_retry(context: OpExecutionContext) -> Callable[[Fault, int, float], Non
 class RunDrainObserver(DrainObserver):
     """A run's drain observer: each retry of the drain a warning in the run's log."""
 
-    def __init__(self, context: OpExecutionContext):
+    def __init__(self, context: RunContext):
         self.context = context
 
     def retrying(self, fault: Fault, failures: int, wait: float) -> None:
         warn_retry(self.context)(fault, failures, wait)
 
 
-def with_retry(context: OpExecutionContext, policy: RetryPolicy, work: Callable[[], T]) -> T:
+def with_retry(context: RunContext, policy: RetryPolicy, work: Callable[[], T]) -> T:
     """`work()` within `policy`, each retry a warning in the run's log."""
     return retrying(work, policy, on_retry=warn_retry(context))

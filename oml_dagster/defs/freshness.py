@@ -31,6 +31,7 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetRecordsFilter,
     Config,
@@ -62,7 +63,7 @@ from oml_dagster.settings import FRESHNESS_BOUND_SECONDS, FRESHNESS_INTERVAL_SEC
 
 from .assets import AREAS, BRONZE, LINEAGE, OUTBOX, SILVER
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import PostgresResource, settings
+from .resources import PostgresResource
 from .sensors import IN_FLIGHT, writers_in_flight
 
 # A check stored per tenant partition needs `partitions_def`, a preview in this Dagster release.
@@ -154,7 +155,8 @@ def sparkline(points: Sequence[tuple[float, float]], columns: int = PLOT_COLUMNS
     slices: list[float | None] = [None] * width
     for at, lag in ordered:
         i = 0 if span <= 0 else min(width - 1, int((at - first) / span * width))
-        slices[i] = max(lag, slices[i] if slices[i] is not None else lag)
+        held = slices[i]
+        slices[i] = lag if held is None else max(lag, held)
     top = max(v for v in slices if v is not None)
     chars = []
     for value in slices:
@@ -177,19 +179,26 @@ def lag_history(
         AssetRecordsFilter(asset_key=BRONZE, asset_partitions=[tenant_id]), limit=HISTORY_POINTS
     ).records
     for record in materialized:
-        value = record.asset_materialization.metadata.get("drain_lag_seconds")
+        materialization = record.asset_materialization
+        value = materialization.metadata.get("drain_lag_seconds") if materialization else None
         if value is not None:
-            points.append((record.timestamp, float(value.value)))
+            points.append((record.timestamp, _seconds(value.value)))
     judged = instance.event_log_storage.get_asset_check_execution_history(
         FRESHNESS_CHECK, limit=HISTORY_POINTS, partition_filter=PartitionKeyFilter(key=tenant_id)
     )
-    for record in judged:
-        data = record.event.dagster_event.event_specific_data if record.event else None
+    for execution in judged:
+        event = execution.event
+        data = event.dagster_event.event_specific_data if event and event.dagster_event else None
         # An execution still under way (this run's own) has only its planned event.
         value = data.metadata.get("lag_seconds") if isinstance(data, AssetCheckEvaluation) else None
-        if value is not None:
-            points.append((record.event.timestamp, float(value.value)))
+        if event is not None and value is not None:
+            points.append((event.timestamp, _seconds(value.value)))
     return sorted(points)
+
+
+def _seconds(value: object) -> float:
+    """A lag Dagster stored as metadata (a float this module wrote)."""
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 def lag_plot(points: Sequence[tuple[float, float]]) -> MetadataValue:
@@ -209,40 +218,40 @@ def lag_plot(points: Sequence[tuple[float, float]]) -> MetadataValue:
     )
 
 
-config = FreshnessSettings.from_env()
+def build_freshness_check(freshness: FreshnessSettings) -> AssetChecksDefinition:
+    """`fresh_within_bound`, judged against `freshness.bound_seconds`."""
 
-_DESCRIPTION = (
-    "The tenant's oldest outbox row not yet in every core table (bronze, silver, lineage, "
-    "areas; unsequenced rows included) is at most OML_FRESHNESS_BOUND_SECONDS old "
-    f"(here {config.bound_seconds:.0f} s). Judged every OML_FRESHNESS_INTERVAL_SECONDS by "
-    "lake_freshness_sensor (one run per tick for all tenants to report, never one per tenant); "
-    "fails with severity ERROR, naming the lag."
-)
-
-
-@asset_check(
-    asset=BRONZE,
-    name=CHECK_NAME,
-    partitions_def=tenant_partitions,
-    additional_deps=[OUTBOX, SILVER, LINEAGE, AREAS],
-    description=_DESCRIPTION,
-)
-def fresh_within_bound(
-    context: AssetCheckExecutionContext, postgres: PostgresResource
-) -> AssetCheckResult:
-    tenant_id = context.partition_key
-    with postgres.connect() as conn:
-        lag = tenant_lags(conn, [tenant_id]).get(tenant_id)
-    passed, description, metadata = judge(lag, config.bound_seconds)
-    metadata["lag_over_time"] = lag_plot(
-        lag_history(context.instance, tenant_id, metadata["lag_seconds"])
+    @asset_check(
+        asset=BRONZE,
+        name=CHECK_NAME,
+        partitions_def=tenant_partitions,
+        additional_deps=[OUTBOX, SILVER, LINEAGE, AREAS],
+        description=(
+            "The tenant's oldest outbox row not yet in every core table (bronze, silver, "
+            "lineage, areas; unsequenced rows included) is at most OML_FRESHNESS_BOUND_SECONDS "
+            f"old (here {freshness.bound_seconds:.0f} s). Judged every "
+            "OML_FRESHNESS_INTERVAL_SECONDS by lake_freshness_sensor (one run per tick for all "
+            "tenants to report, never one per tenant); fails with severity ERROR, naming the lag."
+        ),
     )
-    return AssetCheckResult(
-        passed=passed,
-        severity=AssetCheckSeverity.ERROR,
-        description=description,
-        metadata=metadata,
-    )
+    def fresh_within_bound(
+        context: AssetCheckExecutionContext, postgres: PostgresResource
+    ) -> AssetCheckResult:
+        tenant_id = context.partition_key
+        with postgres.connect() as conn:
+            lag = tenant_lags(conn, [tenant_id]).get(tenant_id)
+        passed, description, metadata = judge(lag, freshness.bound_seconds)
+        metadata["lag_over_time"] = lag_plot(
+            lag_history(context.instance, tenant_id, metadata["lag_seconds"])
+        )
+        return AssetCheckResult(
+            passed=passed,
+            severity=AssetCheckSeverity.ERROR,
+            description=description,
+            metadata=metadata,
+        )
+
+    return fresh_within_bound
 
 
 # --- the sensor ----------------------------------------------------------------------------------
@@ -325,8 +334,10 @@ def report_freshness(
         metadata["lag_over_time"] = lag_plot(
             lag_history(context.instance, tenant_id, metadata["lag_seconds"])
         )
+        # Dagster logs a check evaluation of another step's check this way; log_event's
+        # annotation leaves the type out.
         context.log_event(
-            AssetCheckEvaluation(
+            AssetCheckEvaluation(  # type: ignore[arg-type]
                 asset_key=BRONZE,
                 check_name=CHECK_NAME,
                 passed=passed,
@@ -428,6 +439,3 @@ def build_freshness_sensor(freshness: FreshnessSettings, autostart: bool) -> Sen
         return SensorResult(run_requests=[request], cursor=cursor.dumps())
 
     return lake_freshness_sensor
-
-
-lake_freshness_sensor = build_freshness_sensor(config, settings.autostart)

@@ -16,7 +16,6 @@ import functools
 
 from dagster import (
     Config,
-    DefaultScheduleStatus,
     In,
     JobDefinition,
     MetadataValue,
@@ -35,7 +34,7 @@ from oml_dagster.lake.store import maintenance
 from oml_dagster.lake.store.maintenance import MaintenanceResult
 
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import DeploymentSettings, LakeResource, PostgresResource, settings
+from .resources import DeploymentSettings, LakeResource, PostgresResource
 
 
 class OptimizeConfig(Config):
@@ -190,7 +189,6 @@ def _per_tenant(job_def: JobDefinition):
 
 
 def build_schedules(settings: DeploymentSettings) -> list[ScheduleDefinition]:
-    status = DefaultScheduleStatus.RUNNING if settings.autostart else DefaultScheduleStatus.STOPPED
     plan = (
         ("nightly_compact_schedule", compact_job, settings.compact_cron),
         ("weekly_zorder_schedule", zorder_job, settings.zorder_cron),
@@ -203,7 +201,7 @@ def build_schedules(settings: DeploymentSettings) -> list[ScheduleDefinition]:
             cron_schedule=cron,
             execution_timezone=settings.schedule_timezone,
             execution_fn=_per_tenant(job_def),
-            default_status=status,
+            default_status=settings.schedule_status,
             description=f"One {job_def.name} run per tenant partition.",
         )
         for name, job_def, cron in plan
@@ -211,4 +209,3 @@ def build_schedules(settings: DeploymentSettings) -> list[ScheduleDefinition]:
 
 
 MAINTENANCE_JOBS: list[JobDefinition] = [compact_job, zorder_job, vacuum_job]
-MAINTENANCE_SCHEDULES: list[ScheduleDefinition] = build_schedules(settings)

@@ -16,15 +16,16 @@ next tick's turn starts); the rest come on the next ticks.
 
 import datetime as dt
 import hashlib
+from dataclasses import dataclass
 
 from dagster import (
     AssetMaterialization,
     AssetObservation,
     DagsterInstance,
-    DefaultSensorStatus,
     RunRecord,
     RunRequest,
     RunsFilter,
+    SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     sensor,
@@ -32,16 +33,17 @@ from dagster import (
 
 from oml_dagster.lake import queries
 from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.ingest.sequencer import SequencerReport
 from oml_dagster.lake.policy import known_tenants
 from oml_dagster.lake.queries import cross_scope
 
 from .assets import OUTBOX
 from .jobs import LAKE_ASSET_KEYS, lake_writer_job
 from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
-from .resources import PostgresResource, WriterResource, settings
+from .resources import DeploymentSettings, PostgresResource, WriterResource, WriterSettings
 from .shards import IN_FLIGHT, PARTITION_TAG, SHARD_TAG, lake_writer_shard_job, shard_of, shard_tag
 
-# What one tick hands the daemon, at most (issue 35). Dagster checks each new partition key and
+# What one tick hands the daemon, at most. Dagster checks each new partition key and
 # stores each event with a storage connection of its own (dagster-postgres holds none open): a
 # tick that added 1,000 tenants kept the daemon 106 s, and one that reported 1,000 tenants'
 # outbox 70 s, on a loaded two-core machine, and no other tick ran meanwhile.
@@ -163,74 +165,113 @@ def shard_requests(
 HANDOVER_MARGIN_SECONDS = 15.0
 
 
-@sensor(
-    name="outbox_sensor",
-    jobs=[lake_writer_job, lake_writer_shard_job],
-    minimum_interval_seconds=settings.sensor_interval_seconds,
-    default_status=DefaultSensorStatus.RUNNING
-    if settings.autostart
-    else DefaultSensorStatus.STOPPED,
-    description=(
-        "Sequences the outbox, adds every tenant Postgres knows as a partition and requests "
-        "one run per shard of tenants (OML_DRAIN_SHARDS) with none in flight: every shard when "
-        "shard runs stand (OML_SHARD_STANDING), else those with pending ops; or one lake-writer "
-        "run per tenant with pending ops when OML_DRAIN_SHARDS is 0."
-    ),
-)
-def outbox_sensor(
-    context: SensorEvaluationContext, postgres: PostgresResource, writer: WriterResource
-) -> SensorResult:
-    shards = writer.shards()
+@dataclass(frozen=True)
+class OutboxTick:
+    """What one tick reads of PostgreSQL: the sequencing cut it made, the tenants with sequenced
+    ops not yet drained (tenant, last seq, drained through), when each of those last finished a
+    drain, and every tenant PostgreSQL knows."""
+
+    cut: SequencerReport
+    pending: list[tuple[str, int, int]]
+    drained_at: dict[str, dt.datetime]
+    tenants: set[str]
+
+    @property
+    def pending_ids(self) -> set[str]:
+        return {t for t, _, _ in self.pending}
+
+
+def read_outbox(postgres: PostgresResource) -> OutboxTick:
+    """The tick's one cut and its three queries, whatever the tenant count."""
     with postgres.connect() as conn:
         cut = sequencer.sequence(conn)
         pending = sequencer.pending_tenants(conn)
-        pending_ids = {t for t, _, _ in pending}
         with cross_scope(conn):
-            drained_at = queries.drained_at(conn, sorted(pending_ids))
+            drained_at = queries.drained_at(conn, sorted({t for t, _, _ in pending}))
         tenants = set(known_tenants(conn))
+    return OutboxTick(cut, pending, drained_at, tenants)
 
-    # One listing of the partitions, through the tick's caching loader when it has one: Dagster
-    # checks each run request's partition key against that loader, one storage query per key
-    # unless the loader already knows it (1,000 pending tenants: 1,000 queries, seconds), so the
-    # pending keys are told to it in one bounded query.
+
+@dataclass(frozen=True)
+class TickPartitions:
+    """The tenant partitions as this tick leaves them: those the instance knows, those it adds
+    (`new`, at most MOST_NEW_PARTITIONS_PER_TICK) and how many wait for the next ticks."""
+
+    known: set[str]
+    new: list[str]
+    later: int
+
+    def __contains__(self, tenant_id: object) -> bool:
+        return tenant_id in self.known or tenant_id in self.new
+
+
+def keep_partitions(context: SensorEvaluationContext, tick: OutboxTick) -> TickPartitions:
+    """A partition for every tenant PostgreSQL knows, a page per tick. One listing of the
+    partitions, through the tick's caching loader when it has one: Dagster checks each run
+    request's partition key against that loader, one storage query per key unless the loader
+    already knows it (1,000 pending tenants: 1,000 queries, seconds), so the pending keys are
+    told to it in one bounded query."""
     loader = context.caching_dynamic_partitions_loader
     known = set(
         loader.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
         if loader is not None
         else context.instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
     )
-    unknown = sorted((tenants | pending_ids | set(cut.tenants)) - known)
-    new = unknown[:MOST_NEW_PARTITIONS_PER_TICK]
-    partitions = known | set(new)
+    unknown = sorted((tick.tenants | tick.pending_ids | set(tick.cut.tenants)) - known)
     if loader is not None:
-        loader.get_existing_dynamic_partitions(TENANT_PARTITIONS_NAME, sorted(known & pending_ids))
+        pending_known = sorted(known & tick.pending_ids)
+        loader.get_existing_dynamic_partitions(TENANT_PARTITIONS_NAME, pending_known)
+    new = unknown[:MOST_NEW_PARTITIONS_PER_TICK]
+    return TickPartitions(known, new, len(unknown) - len(new))
 
-    if shards:
-        standing = writer.standing()
-        lead = settings.sensor_interval_seconds + HANDOVER_MARGIN_SECONDS
-        requests = shard_requests(
-            context.instance,
-            pending,
-            drained_at,
-            shards,
-            standing=standing,
-            handover_after=max(0.0, writer.shard_run_seconds() - lead) if standing else None,
+
+def tenant_requests(
+    instance: DagsterInstance, tick: OutboxTick, partitions: TickPartitions
+) -> list[RunRequest]:
+    """One lake-writer run per pending tenant with a partition and no run in flight."""
+    busy = tenants_in_flight(instance)
+    return [
+        RunRequest(
+            job_name=lake_writer_job.name,
+            run_key=run_key(tenant_id, drained, last_seq, tick.drained_at.get(tenant_id)),
+            partition_key=tenant_id,
+            asset_selection=LAKE_ASSET_KEYS,
+            asset_check_keys=[],
+            tags={"oml/drained_through": str(drained), "oml/last_seq": str(last_seq)},
         )
-    else:
-        busy = tenants_in_flight(context.instance)
-        requests = [
-            RunRequest(
-                job_name=lake_writer_job.name,
-                run_key=run_key(tenant_id, drained, last_seq, drained_at.get(tenant_id)),
-                partition_key=tenant_id,
-                asset_selection=LAKE_ASSET_KEYS,
-                asset_check_keys=[],
-                tags={"oml/drained_through": str(drained), "oml/last_seq": str(last_seq)},
-            )
-            for tenant_id, last_seq, drained in pending
-            if tenant_id not in busy and tenant_id in partitions
-        ]
+        for tenant_id, last_seq, drained in tick.pending
+        if tenant_id not in busy and tenant_id in partitions
+    ]
 
+
+def run_requests(
+    instance: DagsterInstance,
+    tick: OutboxTick,
+    partitions: TickPartitions,
+    writer: WriterSettings,
+    *,
+    interval_seconds: float,
+) -> list[RunRequest]:
+    """Shard runs when the writer keeps shards (a standing run's successor asked for a tick
+    and a margin before its cap), else one run per pending tenant."""
+    if not writer.shards:
+        return tenant_requests(instance, tick, partitions)
+    lead = interval_seconds + HANDOVER_MARGIN_SECONDS
+    return shard_requests(
+        instance,
+        tick.pending,
+        tick.drained_at,
+        writer.shards,
+        standing=writer.standing,
+        handover_after=max(0.0, writer.shard_run_seconds - lead) if writer.standing else None,
+    )
+
+
+def outbox_events(
+    context: SensorEvaluationContext, cut: SequencerReport, partitions: TickPartitions
+) -> tuple[list[str], list[AssetMaterialization | AssetObservation]]:
+    """(the tenants whose newly sequenced rows this tick reports, taking turns past the cursor;
+    the events: those reports, and an observation of each gap that holds rows back)."""
     reported = taking_turns(
         sorted(t for t in cut.tenants if t in partitions),
         context.cursor or None,
@@ -267,25 +308,70 @@ def outbox_sensor(
                     },
                 )
             )
+    return reported, events
 
+
+def tick_summary(
+    tick: OutboxTick,
+    partitions: TickPartitions,
+    requests: list[RunRequest],
+    reported: list[str],
+    shards: int,
+) -> str:
+    cut = tick.cut
     if shards:
-        waiting = f"{len(pending)} tenants pending over {shards} shards"
+        waiting = f"{len(tick.pending)} tenants pending over {shards} shards"
     else:
-        waiting = f"{len(pending) - len(requests)} tenants pending behind an in-flight run"
-    later = len(unknown) - len(new)
+        waiting = f"{len(tick.pending) - len(requests)} tenants pending behind an in-flight run"
     unreported = len(cut.tenants) - len(reported)
-    context.log.info(
+    return (
         f"sequenced {cut.sequenced} rows for {len(cut.tenants)} tenants"
         + (f" (the outbox reported for {len(reported)} this tick)" if unreported else "")
-        + f"; {len(new)} new tenants"
-        + (f" ({later} more on the next ticks)" if later else "")
+        + f"; {len(partitions.new)} new tenants"
+        + (f" ({partitions.later} more on the next ticks)" if partitions.later else "")
         + f"; {len(requests)} runs requested; {waiting}"
     )
-    if not requests and not new and not events:
-        return SensorResult(skip_reason="no pending ops")
-    return SensorResult(
-        run_requests=requests,
-        dynamic_partitions_requests=[tenant_partitions.build_add_request(new)] if new else [],
-        asset_events=events,
-        cursor=reported[-1] if unreported and reported else context.cursor,
+
+
+def build_outbox_sensor(settings: DeploymentSettings) -> SensorDefinition:
+    """`outbox_sensor`, ticking every `settings.sensor_interval_seconds`."""
+
+    @sensor(
+        name="outbox_sensor",
+        jobs=[lake_writer_job, lake_writer_shard_job],
+        minimum_interval_seconds=settings.sensor_interval_seconds,
+        default_status=settings.sensor_status,
+        description=(
+            "Sequences the outbox, adds every tenant Postgres knows as a partition and requests "
+            "one run per shard of tenants (OML_DRAIN_SHARDS) with none in flight: every shard "
+            "when shard runs stand (OML_SHARD_STANDING), else those with pending ops; or one "
+            "lake-writer run per tenant with pending ops when OML_DRAIN_SHARDS is 0."
+        ),
     )
+    def outbox_sensor(
+        context: SensorEvaluationContext, postgres: PostgresResource, writer: WriterResource
+    ) -> SensorResult:
+        tick = read_outbox(postgres)
+        partitions = keep_partitions(context, tick)
+        requests = run_requests(
+            context.instance,
+            tick,
+            partitions,
+            writer.settings,
+            interval_seconds=settings.sensor_interval_seconds,
+        )
+        reported, events = outbox_events(context, tick.cut, partitions)
+        context.log.info(tick_summary(tick, partitions, requests, reported, writer.settings.shards))
+        if not requests and not partitions.new and not events:
+            return SensorResult(skip_reason="no pending ops")
+        unreported = len(tick.cut.tenants) > len(reported)
+        return SensorResult(
+            run_requests=requests,
+            dynamic_partitions_requests=(
+                [tenant_partitions.build_add_request(partitions.new)] if partitions.new else []
+            ),
+            asset_events=events,
+            cursor=reported[-1] if unreported and reported else context.cursor,
+        )
+
+    return outbox_sensor

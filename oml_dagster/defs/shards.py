@@ -16,10 +16,13 @@ every shard whether or not it has pending tenants, and a shard run out of work p
 every POLL_SECONDS until its cap, so the first ops after a quiet spell meet a running writer
 instead of waiting for a sensor tick and a process start."""
 
+import functools
 import time
 import uuid
+from typing import Any
 
 from dagster import (
+    AssetKey,
     AssetMaterialization,
     Config,
     DagsterInstance,
@@ -32,6 +35,7 @@ from dagster import (
     op,
 )
 
+from oml_dagster.lake.audit.run_report import run_report
 from oml_dagster.lake.faults import describe
 from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.write.writer import BatchResult
@@ -93,9 +97,9 @@ def drain_shard(
 ) -> None:
     if not 0 <= config.shard < config.shards:
         raise ValueError(f"shard {config.shard} is not one of 0..{config.shards - 1}")
-    cap = writer.shard_run_seconds()
+    settings = writer.settings
+    cap, retry = settings.shard_run_seconds, settings.retry
     tag = shard_tag(config.shard, config.shards)
-    retry = writer.retry_policy()
     with failing_clearly():
         store = with_retry(context, retry, lake.get_lake)
         report = _Report(context, postgres, store, retry)
@@ -107,9 +111,9 @@ def drain_shard(
             policy=DrainPolicy(
                 until_idle=cap > 0,
                 max_seconds=cap,
-                poll_seconds=POLL_SECONDS if writer.standing() else None,
+                poll_seconds=POLL_SECONDS if settings.standing else None,
                 owns=lambda t: shard_of(t, config.shards) == config.shard,
-                config=writer.config(),
+                config=settings.config,
             ),
             observer=shard,
         )
@@ -151,7 +155,9 @@ class _Report:
 
     def flush(self) -> None:
         for tenant_id, results in sorted(self.waiting.items()):
-            metadata = with_retry(self.context, self.policy, lambda r=results: self._metadata(r))
+            metadata = with_retry(
+                self.context, self.policy, functools.partial(self._metadata, results)
+            )
             for key in TABLE_OF:
                 self.context.log_event(
                     AssetMaterialization(asset_key=key, partition=tenant_id, metadata=metadata[key])
@@ -161,10 +167,10 @@ class _Report:
         self.waiting = {}
         self.last = time.monotonic()
 
-    def _metadata(self, results: list[BatchResult]) -> dict:
+    def _metadata(self, results: list[BatchResult]) -> dict[AssetKey, dict[str, Any]]:
         # A connection of its own per report: the drain's may have been lost and replaced.
         with self.postgres.connect() as conn:
-            return run_metadata(conn, self.store, results)
+            return run_metadata(run_report(conn, results), self.store)
 
 
 class _ShardDrain(RunDrainObserver):

@@ -68,7 +68,7 @@ def dsn_as(dsn: str, role: str, password: str | None = None) -> str:
     info.pop("password", None)
     if password:
         info["password"] = password
-    return psycopg.conninfo.make_conninfo(**info)
+    return psycopg.conninfo.make_conninfo("", **info)
 
 
 def create_writer_role(conn: psycopg.Connection, role: str, password: str | None = None) -> None:
@@ -79,7 +79,8 @@ def create_writer_role(conn: psycopg.Connection, role: str, password: str | None
     name = sql.Identifier(role)
     with conn.transaction():
         conn.execute(queries.ADVISORY_XACT_LOCK, (queries.MIGRATION_LOCK,))
-        exists = conn.execute(queries.ROLE_EXISTS, (role,)).fetchone()[0]
+        row = conn.execute(queries.ROLE_EXISTS, (role,)).fetchone()
+        exists = bool(row and row[0])
         attributes = sql.SQL("LOGIN NOINHERIT NOSUPERUSER NOCREATEROLE NOCREATEDB NOBYPASSRLS")
         verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
         conn.execute(sql.SQL("{} {} {}").format(verb, name, attributes))

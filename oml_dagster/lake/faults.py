@@ -16,8 +16,9 @@ import errno
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psycopg
 
@@ -32,13 +33,18 @@ from oml_dagster.lake.errors import (
     VerdictConflict,
 )
 
-# Exit codes by class (README "Exit codes"). 1 and 2 keep their meanings: a check found something,
-# a usage error or refused input.
-EXIT_FINDINGS = 1
-EXIT_USAGE = 2
+T = TypeVar("T")
+
+# The exit codes of `oml-lake`, one name each (README "Exit codes" is this table): every command
+# returns one of these, and a fault's class (`Fault.exit_code`) picks among 2, 3, 4 and 70.
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # a check found something
+EXIT_USAGE = 2  # a usage error, or input refused
 EXIT_PERMANENT = 3  # a person must fix something: configuration, credentials, space, schema
 EXIT_TRANSIENT = 4  # transient faults outlasted the retry bound: the service stayed away
 EXIT_INTERNAL = 70  # a bug (EX_SOFTWARE): the traceback is under --debug
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: what a shell reports for a command it stopped
+EXIT_OUTPUT_CLOSED = 141  # stdout's reader went away (128 + SIGPIPE, as a shell reports it)
 
 
 @dataclass(frozen=True)
@@ -338,14 +344,17 @@ def _own(error: BaseException) -> Fault | None:
     return None
 
 
-def _chain(error: BaseException):
+def _chain(error: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
         # `raise ... from None` hides the context on purpose (a closed stdout's BrokenPipeError
         # under the command's OutputClosed is no network fault).
-        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
 
 
 def classify(error: BaseException) -> Fault | None:
@@ -416,7 +425,7 @@ class RetryPolicy:
     base_seconds: float = 0.25
     cap_seconds: float = 15.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if (
             self.attempts < 1
             or not self.seconds >= 0
@@ -428,9 +437,6 @@ class RetryPolicy:
         """The wait after the `failures`-th fault in a row (1-based)."""
         ceiling = min(self.cap_seconds, self.base_seconds * 2 ** (failures - 1))
         return (rng or random).uniform(self.base_seconds / 2, ceiling)
-
-
-NO_RETRY = RetryPolicy(attempts=1, seconds=0.0)
 
 
 @dataclass
@@ -459,13 +465,13 @@ class Streak:
 
 
 def retrying(
-    attempt: Callable[[], object],
+    attempt: Callable[[], T],
     policy: RetryPolicy,
     *,
     on_retry: Callable[[Fault, int, float], None] | None = None,
     progressed: Callable[[], bool] | None = None,
     sleep: Callable[[float], None] = time.sleep,
-):
+) -> T:
     """`attempt()` until it returns, retrying transient faults within `policy`;
     `on_retry(fault, failures, wait)` is told of each retry before its wait; `progressed()`,
     asked after a fault, says whether the failed try got somewhere (then the streak restarts).

@@ -56,7 +56,8 @@ def resolve_tenants(conn: psycopg.Connection, named: Sequence[str] | None) -> li
 
 def _in_outbox(conn: psycopg.Connection, tenant_id: str) -> bool:
     with tenant_scope(conn, tenant_id):
-        return conn.execute(queries.TENANT_IN_OUTBOX, (tenant_id,)).fetchone()[0]
+        row = conn.execute(queries.TENANT_IN_OUTBOX, (tenant_id,)).fetchone()
+    return bool(row and row[0])
 
 
 def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:
@@ -69,6 +70,7 @@ def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:
 def lag(conn: psycopg.Connection, tenant_id: str, drained_through: int) -> tuple[int, float]:
     """(ops sequenced but not drained, seconds since the oldest of them was written)."""
     with tenant_scope(conn, tenant_id):
-        count, oldest = conn.execute(queries.OUTBOX_LAG, (tenant_id, drained_through)).fetchone()
+        row = conn.execute(queries.OUTBOX_LAG, (tenant_id, drained_through)).fetchone()
+    count, oldest = row if row else (0, None)  # one row: an aggregate
     seconds = (dt.datetime.now(dt.UTC) - oldest).total_seconds() if oldest else 0.0
     return count, max(seconds, 0.0)

@@ -4,6 +4,7 @@ area edges, and validation (which first demotes every tainted row that may still
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from . import acts
 from .acts import Edge
@@ -70,7 +71,7 @@ class AreaTree:
             )
         )
 
-    def _crew(self) -> dict[str, str | None]:
+    def _crew(self) -> dict[str, Any]:
         rng = self.rng
         if rng.random() < 0.3:
             return {"crew_name": None, "crew_charter_uri": None, "crew_external_manager": None}
@@ -113,7 +114,8 @@ class AreaTree:
         node.path = f"{parent.path}.{node.label}"
         self.journal.emit(acts.reparent_area_act(node.workarea_id, parent.workarea_id, node.path))
         for child in subtree:  # parent-first, as the lake rewrites the subtree
-            child.path = f"{self.areas[child.parent_id].path}.{child.label}"
+            parent_path = self.areas[child.parent_id].path if child.parent_id else ""
+            child.path = f"{parent_path}.{child.label}"
 
     def status_change(self) -> None:
         """An area moves up the ladder, development to committed (it never moves down)."""

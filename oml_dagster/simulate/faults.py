@@ -70,8 +70,9 @@ class FaultInjector:
             act.ops.append(("claim.archive", {"artifact_id": journal.id(), "at": at, **mark}))
         elif fault == "missing_field":  # no `held`
             payload = {"artifact_id": journal.id(), "version": 1, "at": at, **mark}
-            root = self.areas.root.workarea_id
-            act.ops.append(("claim.reassign", dict(payload, workarea_id=root)))
+            root = self.areas.root
+            assert root is not None  # the tree is planted before any act
+            act.ops.append(("claim.reassign", dict(payload, workarea_id=root.workarea_id)))
         elif fault == "mistyped_field":
             payload = {"artifact_id": journal.id(), "version": "1", "at": at, **mark}
             act.ops.append(("claim.demote", payload))

@@ -16,7 +16,7 @@ import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -61,6 +61,14 @@ def instant(at: dt.datetime) -> str:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def scalar(conn: psycopg.Connection, query: LiteralString, params: tuple[Any, ...] = ()) -> Any:
+    """The one value a query of one row and one column returns (a count, a function's)."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise LookupError(f"no row from {query!r}")
+    return row[0]
 
 
 def ensure_schema(conn: psycopg.Connection) -> None:
@@ -287,6 +295,8 @@ def commit_acts(
             "SELECT journal_seq, hash FROM oml_sim.chain_head WHERE tenant_id = %s FOR UPDATE",
             (tenant_id,),
         ).fetchone()
+        if head is None:
+            raise LookupError(f"tenant {tenant_id} has no chain head: create the tenant first")
         if after_lock is not None:
             after_lock(conn)
         journal_seq, prev_hash = head[0], bytes(head[1])

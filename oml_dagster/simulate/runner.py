@@ -254,14 +254,15 @@ def _commit(conn: psycopg.Connection, scheduler: _Scheduler, chunk: _Chunk) -> i
 
     def before_lock(_conn: psycopg.Connection) -> None:
         if chunk.early_xid:
-            chunk.pair.set()  # our xid is taken: the predecessor may lock now
+            if chunk.pair is not None:
+                chunk.pair.set()  # our xid is taken: the predecessor may lock now
         elif chunk.pair is not None:
             chunk.paired = chunk.pair.wait(scheduler.config.pair_wait)
         _wait_locked(scheduler, tenant, chunk.index)
 
     def after_lock(conn: psycopg.Connection) -> None:
         nonlocal xid
-        xid = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+        xid = producer.scalar(conn, "SELECT pg_current_xact_id()::text::bigint")
         with tenant.cond:
             tenant.locked_through = chunk.index
             tenant.cond.notify_all()
@@ -298,13 +299,13 @@ def _writer(dsn: str, scheduler: _Scheduler, pacer: _Pacer | None, number: int) 
 
 def prepare_tenants(conn: psycopg.Connection, specs: list[TenantSpec]) -> list[TenantKeys]:
     """Create the workload's tenants (api key, tenant policy, genesis chain head)."""
-    if conn.execute("SELECT to_regclass('oml.outbox')").fetchone()[0] is None:
+    if producer.scalar(conn, "SELECT to_regclass('oml.outbox')") is None:
         raise SimulationError("schema oml is missing: run `oml-lake db upgrade` first")
     producer.ensure_schema(conn)
     ids = [s.tenant_id for s in specs]
-    existing = conn.execute(
-        "SELECT count(*) FROM oml.api_keys WHERE tenant_id = ANY(%s::uuid[])", (ids,)
-    ).fetchone()[0]
+    existing = producer.scalar(
+        conn, "SELECT count(*) FROM oml.api_keys WHERE tenant_id = ANY(%s::uuid[])", (ids,)
+    )
     if existing:
         raise SimulationError(
             f"{existing} of this workload's tenants already exist: use another --seed or a "

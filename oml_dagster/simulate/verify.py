@@ -24,7 +24,7 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from oml_dagster.lake.errors import RefusedOp
 from oml_dagster.lake.model import catalog
 
-from .producer import GENESIS_HASH, open_body
+from .producer import GENESIS_HASH, open_body, scalar
 
 MAX_ERRORS = 50
 _ENVELOPE_REFS = ("artifact_id", "version", "workarea_id", "simulation_id", "provenance")
@@ -105,7 +105,7 @@ def _check_chain(
         where = f"journal.event row {row_id} (journal_seq {journal_seq})"
         key_id = payload.get("api_key_id") if isinstance(payload, dict) else None
         owner = keys.get(key_id) if isinstance(key_id, str) else None
-        if owner is None:
+        if owner is None or not isinstance(key_id, str):
             report.error(f"{where}: no public key {key_id!r} in oml.api_keys")
             continue
         if owner[0] != tenant_id:
@@ -206,7 +206,7 @@ def _check_bodies(
             (report.tenant_id,),
         )
     }
-    has_keys = conn.execute("SELECT to_regclass('oml_sim.deks')").fetchone()[0] is not None
+    has_keys = scalar(conn, "SELECT to_regclass('oml_sim.deks')") is not None
     deks: dict[tuple[str, int], bytes | None] = {}
     if has_keys:
         column = "dek" if open_bodies else "NULL"
@@ -227,9 +227,10 @@ def _check_bodies(
             continue
         if hashlib.sha256(body).hexdigest() != args["ciphertext_digest"]:
             report.error(f"claim_bodies {key}: ciphertext digest differs from the promotion's")
-        if open_bodies and deks.get(key) is not None:
+        dek = deks.get(key) if open_bodies else None
+        if dek is not None:
             try:
-                plaintext = open_body(body, bytes(deks[key]), *key)
+                plaintext = open_body(body, bytes(dek), *key)
             except InvalidTag:
                 report.error(f"claim_bodies {key}: does not decrypt under its DEK")
                 continue
@@ -331,7 +332,7 @@ class _AreaFold:
             args["fold_seq"],
         )
 
-    def simulation_end(self, op: catalog.Op, row: None) -> None:
+    def simulation_end(self, op: catalog.Op, row: _Row | None) -> None:
         sim = op.args["simulation_id"]
         for each in self.rows.values():
             hit = each.simulation_id == sim or (op.args["demote_tainted"] and sim in each.derived)
@@ -339,14 +340,14 @@ class _AreaFold:
             if hit and each.state in ("promoted", "held") and not protected:
                 each.state = "demoted"
 
-    def upsert_area(self, op: catalog.Op, row: None) -> None:
+    def upsert_area(self, op: catalog.Op, row: _Row | None) -> None:
         workarea_id = op.args["workarea_id"]
         if workarea_id not in self.status:
             self.status[workarea_id] = op.args.get("status", "development")
         elif "status" in op.args and not self.validated(workarea_id):
             self.status[workarea_id] = op.args["status"]
 
-    def validate(self, op: catalog.Op, row: None) -> None:
+    def validate(self, op: catalog.Op, row: _Row | None) -> None:
         workarea_id = op.args["workarea_id"]
         if workarea_id not in self.status or self.validated(workarea_id):
             return
@@ -373,7 +374,7 @@ class _AreaFold:
 
 
 # The ops the area fold reads; every other op leaves rows and statuses alone.
-_AREA_OPS = {
+_AREA_OPS: dict[str, Callable[[_AreaFold, catalog.Op, _Row | None], None]] = {
     "claim.promote": _AreaFold.promote,
     "claim.demote": _AreaFold.demote,
     "claim.erase": _AreaFold.erase,

@@ -26,7 +26,6 @@ import psycopg
 from oml_dagster.lake import queries
 from oml_dagster.lake.audit.erasure import (
     DEAD_LETTERED,
-    DEFAULT_CADENCE,
     ArtifactEvidence,
     ErasedArtifact,
     ErasureEvidence,
@@ -35,10 +34,11 @@ from oml_dagster.lake.audit.erasure import (
 )
 from oml_dagster.lake.audit.reconcile import reconcile
 from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL
-from oml_dagster.lake.policy import lag
+from oml_dagster.lake.policy import DEFAULT_CADENCE, lag
 from oml_dagster.lake.queries import tenant_scope
 from oml_dagster.lake.store.deltalog import last_checkpoint
-from oml_dagster.lake.store.storage import Lake, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import tenant_tables
 
 DEFAULT_LAG_LIMIT = dt.timedelta(minutes=15)
 
@@ -273,7 +273,7 @@ def examine(
     health.lag_ops, health.lag_seconds = lag(conn, tenant_id, drained_through)
     with tenant_scope(conn, tenant_id):
         counts = conn.execute(queries.OPEN_DEAD_LETTER_COUNTS, (tenant_id,)).fetchone()
-    health.dead_letters, health.dead_lettered_erases = counts
+    health.dead_letters, health.dead_lettered_erases = counts or (0, 0)  # one row: an aggregate
     # Every failed reconciler check, open dead letters included: the count `reconcile` shows.
     for result in reconcile(conn, lake, tenant_id).failed():
         health.failed_checks.append(

@@ -39,7 +39,8 @@ from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
 from oml_dagster.lake.policy import DEFAULT_CADENCE, erasure_bound
 from oml_dagster.lake.queries import tenant_scope
 from oml_dagster.lake.store import deltalog
-from oml_dagster.lake.store.storage import Lake, query, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import query, tenant_tables
 
 
 @dataclass

@@ -35,7 +35,7 @@ def tenant_lags(
     """Every tenant with a row not yet drained into all its core tables (or only `tenant_ids`),
     with its lag; a tenant left out lags 0 s. One query, whatever the tenant count."""
     filters = queries.TENANT_LAGS_ALL
-    params: list = []
+    params: list[list[str]] = []
     if tenant_ids is not None:
         filters = queries.TENANT_LAGS_OF
         params = [tenant_ids] * 3

@@ -30,7 +30,7 @@ table's, column for column. Bodies are compared by presence (the ciphertext is c
 its digest by `bodies_match_digests`): the fold knows a body is there when `oml.claim_bodies`
 still holds it, and cannot know when it was shredded since the drain.
 
-Why one file (785 lines): each check is a short function over the same snapshot of a tenant's lake, and
+Why one file: each check is a short function over the same snapshot of a tenant's lake, and
 the file's sections are the list of checks the README, `oml-lake reconcile` and the asset
 checks name.
 """
@@ -61,16 +61,20 @@ from oml_dagster.lake.model.tables import (
     GOLD_LINEAGE,
     PROMOTED,
     SILVER_CLAIMS,
+    Row,
     TableId,
     TableSpec,
     TenantState,
 )
 from oml_dagster.lake.model.tables import ERASED as ERASED_STATE
 from oml_dagster.lake.queries import cross_scope, tenant_scope
-from oml_dagster.lake.store.storage import Lake, read_rows, tenant_tables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows, tenant_tables
 
 GENESIS_HASH = bytes(32)
 SAMPLE = 5
+# A row's MERGE key (`TableSpec.merge_key`'s values, in order).
+RowKey = tuple[Any, ...]
 
 # Check names, as the Dagster layer names its asset checks.
 TENANT_ID = "tenant_id_matches_partition"
@@ -195,7 +199,7 @@ class _Table:
     name: str
     spec: TableSpec
     table: DeltaTable
-    rows: list[dict]
+    rows: list[Row]
 
     @property
     def txn(self) -> int:
@@ -225,7 +229,7 @@ class LakeSnapshot:
         return found[0] if found else None
 
 
-def _claim_key(row: dict) -> tuple[str, int]:
+def _claim_key(row: Row) -> tuple[str, int]:
     return (row["artifact_id"], row["version"])
 
 
@@ -248,7 +252,7 @@ def check_tenant_ids(snapshot: LakeSnapshot, spec: TableSpec) -> CheckResult:
     return result
 
 
-def _row_key(spec: TableSpec, row: dict) -> tuple[Any, int | None]:
+def _row_key(spec: TableSpec, row: Row) -> tuple[Any, int | None]:
     if spec is BRONZE_EVENTS:
         return f"journal_seq {row['journal_seq']}", None
     if spec.merge_key == ("artifact_id", "version"):
@@ -286,9 +290,10 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
     for name, (_, cached) in cache.items():
         if name in in_lake or cached == 0:
             continue
-        result = results.get(TableId.parse(name).spec_name)
-        if result is None:
+        found = results.get(TableId.parse(name).spec_name)
+        if found is None:
             continue
+        result = found
         result.checked += 1
         result.add(
             name,
@@ -312,7 +317,7 @@ def public_keys(
     return {key_id: (owner, bytes(pub)) for key_id, owner, pub in rows}
 
 
-def _envelope_disagrees(row: dict, tenant_id: str) -> list[str]:
+def _envelope_disagrees(row: Row, tenant_id: str) -> list[str]:
     """The fields the signed envelope names differently from the bronze row (an envelope that
     is not a JSON object names none)."""
     try:
@@ -356,7 +361,8 @@ def check_chain(snapshot: LakeSnapshot, keys: dict[str, tuple[str, bytes]]) -> C
     name = bronze.name
     rows = sorted(bronze.rows, key=lambda r: (r["journal_seq"], r["outbox_seq"]))
     verifiers: dict[str, Ed25519PublicKey] = {}
-    expected, prev_hash = 1, GENESIS_HASH
+    expected = 1
+    prev_hash: bytes | None = GENESIS_HASH
     for row in rows:
         result.checked += 1
         seq = row["journal_seq"]
@@ -427,11 +433,13 @@ def check_erased(snapshot: LakeSnapshot, spec: TableSpec) -> CheckResult:
     return result
 
 
-def _carried_digests(snapshot: LakeSnapshot, through: int) -> dict[tuple[str, int], tuple]:
+def _carried_digests(
+    snapshot: LakeSnapshot, through: int
+) -> dict[tuple[str, int], tuple[int, str]]:
     """(artifact_id, version) -> (journal_seq, ciphertext_digest) of the last bronze event up to
     outbox seq `through` whose payload carries a ciphertext digest for that version."""
     bronze = snapshot.one(BRONZE_EVENTS)
-    carried: dict[tuple[str, int], tuple] = {}
+    carried: dict[tuple[str, int], tuple[int, str]] = {}
     if bronze is None:
         return carried
     for row in bronze.rows:
@@ -509,24 +517,25 @@ def check_dead_letters(conn: psycopg.Connection, tenant_id: str) -> CheckResult:
 # --- the outbox fold ---------------------------------------------------------------------------
 
 
-class _BodyPresence(dict):
+class _BodyPresence(dict[tuple[Any, ...], bytes]):
     """What the read-only fold knows of a body: PRESENT while oml.claim_bodies holds it,
-    UNKNOWN once shredded (the writer may have read it before the shred or not)."""
+    UNKNOWN once shredded (the writer may have read it before the shred or not). Both are
+    markers, told apart from a body by identity."""
 
-    PRESENT = "<body present>"
-    UNKNOWN = "<body shredded since>"
+    PRESENT = b"<body present>"
+    UNKNOWN = b"<body shredded since>"
 
     def __init__(self, present: set[tuple[str, int]]):
         super().__init__()
         self.present = present
 
-    def get(self, key, default=None):
+    def get(self, key: tuple[Any, ...], default: object = None) -> bytes:
         return self.PRESENT if key in self.present else self.UNKNOWN
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: tuple[Any, ...]) -> bytes:
         return self.get(key)
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
         return True
 
 
@@ -541,7 +550,7 @@ class Fold:
     """The read-only fold's result: rows by key per table, and the ops the writer applied that
     today's catalog refuses to parse (seq, op, reason): rules tightened since they drained."""
 
-    tables: dict[str, dict[tuple, dict]]
+    tables: dict[str, dict[RowKey, Row]]
     unparsable: list[tuple[int, str, str]]
 
 
@@ -564,7 +573,7 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
     last = max((txn for txn, _ in pending), default=0)
     with tenant_scope(conn, tenant_id):
         refused = {seq for (seq,) in conn.execute(queries.REFUSED_THROUGH, (tenant_id, last))}
-    folded: dict[str, dict[tuple, dict]] = {}
+    folded: dict[str, dict[RowKey, Row]] = {}
     unparsed: dict[int, str] = {}  # seq -> op name, of the applied rows that do not parse now
 
     def take_through(seq: int, _op: object = None) -> None:
@@ -572,7 +581,9 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
             _, name = pending.pop(0)
             folded[name] = dict(works[name].rows)
 
-    def parsed(stream: Iterable[tuple]) -> Iterator[tuple[int, catalog.Op | RefusedOp]]:
+    def parsed(
+        stream: Iterable[tuple[Any, ...]],
+    ) -> Iterator[tuple[int, catalog.Op | RefusedOp]]:
         for seq, journal_seq, name, payload in stream:
             op = catalog.parsed(seq, journal_seq, tenant_id, name, payload)
             if isinstance(op, RefusedOp) and seq not in refused:
@@ -623,7 +634,7 @@ def check_outbox(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str, 
             continue
         result = results[spec.name]
         expected = fold.tables.get(spec.name, {})
-        actual: dict[tuple, dict] = {}
+        actual: dict[RowKey, Row] = {}
         for row in t.rows:
             key = tuple(row[c] for c in spec.merge_key)
             if key in actual:
@@ -687,7 +698,7 @@ _NOT_COMPARED = ("applied_seq", "curated_at")
 def check_curated(snapshot: LakeSnapshot) -> CheckResult:
     result = CheckResult(GOLD_CURATED.name, CURATED, snapshot.tenant_id)
     silver = snapshot.one(SILVER_CLAIMS)
-    silver_rows: dict[tuple, list[dict]] = {}
+    silver_rows: dict[RowKey, list[Row]] = {}
     for row in silver.rows if silver is not None else []:
         silver_rows.setdefault(_claim_key(row), []).append(row)
     for t in snapshot.of(GOLD_CURATED):

@@ -1,2 +1,3 @@
-"""The store: the lake and its tables on disk or S3 (per-tenant credentials, the
-conditional-put probe, lookups), the Delta log, rewrites, and maintenance."""
+"""The store: where the lake lives and how it is reached (`layout`, `credentials`,
+`conditional_put`), reading its tables (`reads`, `sql`, `lookups`, `open_tables`), the Delta log
+(`deltalog`), rewrites and maintenance."""

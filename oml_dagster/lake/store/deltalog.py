@@ -19,8 +19,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -134,7 +135,7 @@ def list_files(fs: pafs.FileSystem) -> Listing:
 def holds_commit(fs: pafs.FileSystem, version: int) -> bool:
     """Whether the log still has the commit entry of `version` (a table deleted under a reader
     that kept its state has not)."""
-    return fs.get_file_info(entry_path(commit_name(version))).type != pafs.FileType.NotFound
+    return bool(fs.get_file_info(entry_path(commit_name(version))).type != pafs.FileType.NotFound)
 
 
 def commit_name(version: int) -> str:
@@ -151,7 +152,7 @@ def entry_bytes(fs: pafs.FileSystem, name: str) -> bytes:
     """The raw bytes of a log entry or checkpoint part (the erasure evidence scans them for
     ciphertext)."""
     with fs.open_input_stream(entry_path(name)) as f:
-        return f.read()
+        return bytes(f.read())
 
 
 def log_names(fs: pafs.FileSystem) -> list[str]:
@@ -207,7 +208,7 @@ def tombstones(fs: pafs.FileSystem, names: Iterable[str]) -> dict[str, dt.dateti
     every part of every checkpoint, and sidecars. Paths are relative to the table root."""
     stamps: dict[str, int] = {}
 
-    def note(remove: dict | None) -> None:
+    def note(remove: dict[str, Any] | None) -> None:
         if not remove or remove.get("path") is None or remove.get("deletionTimestamp") is None:
             return
         key = unquote(remove["path"])
@@ -230,7 +231,9 @@ def tombstones(fs: pafs.FileSystem, names: Iterable[str]) -> dict[str, dt.dateti
     return {p: dt.datetime.fromtimestamp(ms / 1000, dt.UTC) for p, ms in stamps.items()}
 
 
-def _parquet_removes(fs: pafs.FileSystem, path: str, note) -> None:
+def _parquet_removes(
+    fs: pafs.FileSystem, path: str, note: Callable[[dict[str, Any] | None], None]
+) -> None:
     with fs.open_input_file(path) as f:
         parquet = pq.ParquetFile(f)
         if "remove" not in parquet.schema_arrow.names:

@@ -26,7 +26,7 @@ What this module decides:
   rewrite lock in Postgres (`rewrite_lock`), which the writer's packing on the way takes too:
   two OPTIMIZEs of the same files would both commit and double the rows (ADR 0033).
 
-Why one file (572 lines): the maintenance operations share one loop over a tenant's tables, one lock per
+Why one file: the maintenance operations share one loop over a tenant's tables, one lock per
 table rewrite and one result record, and the erasure SLO reads their order (checkpoint,
 VACUUM, log cleanup) as a whole.
 """
@@ -38,7 +38,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 from deltalake import DeltaTable, PostCommitHookProperties
@@ -47,8 +47,9 @@ from oml_dagster.lake.errors import MaintenanceDamage
 from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
 from oml_dagster.lake.policy import erasure_bound
 from oml_dagster.lake.store.deltalog import Listing, commit_name, list_files, live_files
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.lake.store.rewrites import maintenance_commit, rewrite_lock
-from oml_dagster.lake.store.storage import Lake, tenant_tables
 
 # One maintenance step on one table.
 Operation = Literal["compact", "zorder", "checkpoint", "vacuum", "log-cleanup", "properties"]
@@ -160,7 +161,7 @@ def _size(n: float) -> str:
 _HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
-def _metric_size(metrics: dict, key: str) -> int:
+def _metric_size(metrics: dict[str, Any], key: str) -> int:
     value = metrics.get(key) or {}
     if isinstance(value, str):
         value = json.loads(value)
@@ -192,7 +193,7 @@ class _Table:
         return list_files(self.lake.filesystem(self.uri))
 
     def result(
-        self, operation: Operation, action: Action, scope: str, **fields
+        self, operation: Operation, action: Action, scope: str, **fields: Any
     ) -> MaintenanceResult:
         return MaintenanceResult(self.tenant_id, self.name, operation, action, scope, **fields)
 
@@ -298,11 +299,15 @@ def _sync_properties(t: _Table, bound_seconds: int) -> MaintenanceResult | None:
     )
 
 
-def _state(table: DeltaTable) -> tuple[int, dict[str, int], int | None]:
+# A table's version, live files (path -> size) and app transaction.
+TableState = tuple[int, dict[str, int], int | None]
+
+
+def _state(table: DeltaTable) -> TableState:
     return table.version(), live_files(table), table.transaction_version(APP_ID)
 
 
-def _verify(t: _Table, expected: tuple, after: str) -> None:
+def _verify(t: _Table, expected: TableState, after: str) -> None:
     """The table, opened afresh, reads the same version, files and txn as before `after`."""
     fresh = _state(t.open())
     if fresh != expected:

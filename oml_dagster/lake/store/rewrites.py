@@ -47,7 +47,8 @@ def rewrite_lock(
         conn.execute(queries.REWRITE_LOCK_TAKE, key)
         held = True
     else:
-        held = bool(conn.execute(queries.REWRITE_LOCK_TRY, key).fetchone()[0])
+        row = conn.execute(queries.REWRITE_LOCK_TRY, key).fetchone()
+        held = bool(row and row[0])
     try:
         yield held
     finally:

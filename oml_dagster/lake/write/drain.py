@@ -19,7 +19,8 @@ from oml_dagster.lake.faults import Fault, RetryPolicy, is_transient, retrying
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.ingest.fetch import Batch, Fetcher, second_conninfo
 from oml_dagster.lake.ingest.sequencer import SequencerReport
-from oml_dagster.lake.store.storage import Lake, OpenTables
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.open_tables import OpenTables
 from oml_dagster.lake.write.memory import MemoryGovernor, release_memory
 from oml_dagster.lake.write.writer import BatchResult, ReadAhead, WriterConfig, drain_tenant
 

@@ -74,16 +74,12 @@ from oml_dagster.lake.model.tables import (
 )
 from oml_dagster.lake.policy import erasure_bound
 from oml_dagster.lake.queries import tenant_reads, tenant_scope
+from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.lookups import FileKeys, may_hold
+from oml_dagster.lake.store.open_tables import OpenTables, app_txn
+from oml_dagster.lake.store.reads import query
 from oml_dagster.lake.store.rewrites import compact_small_files
-from oml_dagster.lake.store.storage import (
-    FileKeys,
-    Lake,
-    OpenTables,
-    app_txn,
-    may_hold,
-    query,
-    sql_text,
-)
+from oml_dagster.lake.store.sql import sql_text
 from oml_dagster.lake.write import deadletter
 from oml_dagster.lake.write.watchdog import Watchdog
 
