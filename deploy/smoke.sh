@@ -40,14 +40,8 @@ fi
 
 # --- The base image, from Debian's packages: no registry is reachable -------------------------
 if ! docker image inspect local/debian:bookworm >/dev/null 2>&1; then
-  # The mirror apt already uses (deb822 sources, or a one-line sources.list).
-  mirror="$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null \
-            | grep -v security | head -1)"
-  if [ -z "$mirror" ]; then
-    mirror="$(awk '$1 == "deb" && $0 !~ /security/ {print $2; exit}' /etc/apt/sources.list \
-              2>/dev/null || true)"
-  fi
-  mirror="${mirror:-http://deb.debian.org/debian}"
+  # The archive apt already uses: the repository names no mirror of its own.
+  mirror="$(python3 deploy/apt_mirror.py)" || die "no Debian mirror to debootstrap from (above)"
   rootfs="$(mktemp -d /tmp/oml-smoke-rootfs.XXXXXX)"
   say "debootstrap bookworm from $mirror"
   debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >/tmp/oml-smoke-debootstrap.log 2>&1 \
