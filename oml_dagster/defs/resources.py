@@ -11,7 +11,6 @@ import psycopg
 from dagster import ConfigurableResource
 
 from oml_dagster import from_settings
-from oml_dagster.lake import db
 from oml_dagster.lake.faults import RetryPolicy
 from oml_dagster.lake.store.storage import Lake
 from oml_dagster.lake.write.writer import WriterConfig
@@ -40,7 +39,8 @@ class PostgresResource(ConfigurableResource):
     dsn: str | None = None
 
     def connect(self) -> psycopg.Connection:
-        return db.connect(self.dsn or from_settings.dsn(), autocommit=True)
+        """The process's first connection bounded by OML_PG_CONNECT_SECONDS (ADR 0070)."""
+        return from_settings.connector(self.dsn).connect(autocommit=True)
 
 
 class LakeResource(ConfigurableResource):
