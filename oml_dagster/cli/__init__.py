@@ -43,6 +43,7 @@ from oml_dagster.lake.write.writer import COMMITS, BatchResult, WriterConfig
 from oml_dagster.settings import DEBUG, WRITER_PASSWORD
 
 from . import analytics as analytics_cli
+from . import lake_tables as lake_tables_cli
 from . import maintenance as maintenance_cli
 from .output import OutputClosed
 from .output import out as _print
@@ -494,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.set_defaults(func=cmd_deadletter_resolve)
     maintenance_cli.register(sub)
     analytics_cli.register(sub)
+    lake_tables_cli.register(sub)
     register_simulate(sub)
     return parser
 
