@@ -33,7 +33,12 @@ if ! docker info >/dev/null 2>&1; then
     echo '{"bridge": "none", "iptables": false, "ip6tables": false}' >/etc/docker/daemon.json
   fi
   say "starting dockerd (log: /var/log/oml-smoke-dockerd.log)"
-  nohup dockerd >/var/log/oml-smoke-dockerd.log 2>&1 &
+  # Its own session and no inherited descriptor: a caller's `flock FILE deploy/smoke.sh` holds
+  # the lock on an open descriptor, which a daemon started here would otherwise keep (and with
+  # it the lock) for as long as the engine runs.
+  python3 -c 'import subprocess, sys; subprocess.Popen(["dockerd"], stdin=subprocess.DEVNULL,
+    stdout=open(sys.argv[1], "ab"), stderr=subprocess.STDOUT, close_fds=True,
+    start_new_session=True)' /var/log/oml-smoke-dockerd.log
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || die "dockerd did not start: $(tail -3 /var/log/oml-smoke-dockerd.log)"
 fi
@@ -50,4 +55,5 @@ if ! docker image inspect local/debian:bookworm >/dev/null 2>&1; then
   rm -rf "$rootfs"
 fi
 
-exec python3 deploy/smoke.py "$@"
+# deploy/soak.sh reuses this setup and runs the soak instead (OML_SMOKE_THEN).
+exec python3 "${OML_SMOKE_THEN:-deploy/smoke.py}" "$@"
