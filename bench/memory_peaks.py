@@ -214,6 +214,19 @@ def check(found: dict, pins: dict) -> list[str]:
     return grown
 
 
+def pin(found: dict, source: str) -> None:
+    """Write `found`'s peaks as the pins (the operations it lacks keep theirs)."""
+    pins = json.loads(PINS.read_text()) if PINS.exists() else {}
+    peaks = {**pins.get("peaks_mib", {}), **{n: f["peak_mib"] for n, f in found.items()}}
+    pins = {
+        "tolerance": pins.get("tolerance", TOLERANCE),
+        "measured": f"{dt.datetime.now(dt.UTC):%Y-%m-%d}, bench/memory_peaks.py, {source}",
+        "peaks_mib": peaks,
+    }
+    PINS.write_text(json.dumps(pins, indent=2) + "\n")
+    print(f"pinned: {PINS}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=OPERATIONS, default=list(OPERATIONS))
@@ -222,7 +235,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a 100k-op backlog, 500k rows")
     parser.add_argument("--pin", action="store_true", help="write this run's peaks as the pins")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--pin-from", help="pin the peaks of an earlier run's --json file (nothing is measured)"
+    )
     args = parser.parse_args()
+    if args.pin_from:
+        pin(json.loads(Path(args.pin_from).read_text()), f"from {Path(args.pin_from).name}")
+        return 0
     if args.quick:
         args.claims, args.rows = 16_000, 500_000
     print(f"memory peaks, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {machine()}", flush=True)
@@ -237,19 +256,7 @@ def main() -> int:
     if args.pin:
         if args.quick:
             raise SystemExit("--pin takes the full sizes, not --quick")
-        peaks = {**pins.get("peaks_mib", {}), **{n: f["peak_mib"] for n, f in found.items()}}
-        PINS.write_text(
-            json.dumps(
-                {
-                    "tolerance": pins.get("tolerance", TOLERANCE),
-                    "measured": f"{dt.datetime.now(dt.UTC):%Y-%m-%d} by bench/memory_peaks.py",
-                    "peaks_mib": peaks,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
-        print(f"pinned: {PINS}")
+        pin(found, "by this run")
         return 0
     if args.quick:
         print("--quick: smaller sizes, not checked against the pins")

@@ -6,11 +6,12 @@ but those of the bad ops the simulator injected, and the lag must be back under 
 a stated time of the last fault. deploy/soak.sh runs it (Docker set up as deploy/smoke.sh does).
 
     deploy/soak.sh                      10 minutes of faults (the benchmark)
-    deploy/soak.sh --seconds 150        the CI form
+    deploy/soak.sh --seconds 120 --gaps 12 20    the CI form (.ci/run)
     deploy/soak.sh --seed 7 --json out.json
 
-The faults, drawn in seeded rounds (each kind once per round, in a shuffled order):
-  pg_fast       the PostgreSQL container restarted (`docker restart`: SIGTERM, a fast shutdown)
+The faults, drawn in seeded rounds (each kind once per round, in a shuffled order), one every
+30-90 s (`--gaps`):
+  pg_fast       PostgreSQL stopped with SIGINT (its fast shutdown) and started again
   pg_immediate  the PostgreSQL container killed (SIGKILL: crash recovery) and started again
   s3_restart    the S3 endpoint down 5-15 s: the fault proxy in front of moto resets every
                 connection, as while a server restarts (moto keeps its objects in memory: a
@@ -44,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import drills  # noqa: E402
 import smoke  # noqa: E402
 from smoke import SmokeFailed, run, say  # noqa: E402
 
@@ -89,8 +91,9 @@ class Faults:
     """The seeded schedule and each fault's injection, with what each did and how long it took
     to recover."""
 
-    def __init__(self, seed: int, proxy: FaultProxy):
+    def __init__(self, seed: int, proxy: FaultProxy, gaps: tuple[float, float] = (30, 90)):
         self.rng = random.Random(seed)
+        self.gaps = gaps
         self.proxy = proxy
         self.queue: list[str] = []
         self.log: list[dict] = []
@@ -103,13 +106,18 @@ class Faults:
         return self.queue.pop()
 
     def gap(self) -> float:
-        return self.rng.uniform(30, 90)
+        return self.rng.uniform(*self.gaps)
 
     def inject(self, kind: str, at: float) -> dict:
         event: dict = {"kind": kind, "at_s": round(at, 1)}
         started = time.monotonic()
         if kind == "pg_fast":
-            run("docker", "restart", "-t", "30", smoke.container("postgres"))
+            # SIGINT is PostgreSQL's fast shutdown (SIGTERM, docker's stop signal, is its smart
+            # one, which waits for every session to end).
+            postgres = smoke.container("postgres")
+            run("docker", "kill", "-s", "INT", postgres)
+            run("docker", "wait", postgres, timeout=120)
+            run("docker", "start", postgres)
             event["recovered_s"] = wait_service("postgres")
         elif kind == "pg_immediate":
             run("docker", "kill", smoke.container("postgres"))
@@ -224,7 +232,7 @@ def runs_summary() -> dict:
 
 
 def soak(args: argparse.Namespace, proxy: FaultProxy) -> dict:
-    faults = Faults(args.seed, proxy)
+    faults = Faults(args.seed, proxy, tuple(args.gaps))
     watch = f"{smoke.PROJECT}-lagwatch"
     run("docker", "rm", "-f", watch, check=False)
     watch_seconds = args.seconds + args.recover_within + 900
@@ -260,16 +268,20 @@ def soak(args: argparse.Namespace, proxy: FaultProxy) -> dict:
         worst = [worst_lag(r) for r in readings if worst_lag(r) is not None]
         return (worst and worst[-1] <= args.lag_bound) or None
 
-    smoke.wait_for(
-        f"every tenant's lag under {args.lag_bound} s",
-        recovered,
-        timeout=args.recover_within,
-        interval=5,
-    )
+    problems = []
+    try:
+        smoke.wait_for(
+            f"every tenant's lag under {args.lag_bound} s",
+            recovered,
+            timeout=args.recover_within,
+            interval=5,
+        )
+    except SmokeFailed as late:  # the other checks still say whether anything was lost
+        problems.append(f"{late} of the last fault")
     status = smoke.wait_for(
         "every tenant drained, each event once in bronze",
         converged,
-        timeout=args.recover_within,
+        timeout=args.recover_within + 900,
         interval=5,
     )
     drained_at = time.monotonic()
@@ -286,6 +298,7 @@ def soak(args: argparse.Namespace, proxy: FaultProxy) -> dict:
     letters = smoke.lake("dead-letters")
     result = {
         "seed": args.seed,
+        "gaps_s": args.gaps,
         "stream_seconds": args.seconds,
         "rate_ops_s": args.rate,
         "tenants": len(status),
@@ -308,7 +321,6 @@ def soak(args: argparse.Namespace, proxy: FaultProxy) -> dict:
         "exact": exact,
         "dead_letters": letters,
     }
-    problems = []
     if not exact["exact"]:
         problems.append(f"lake not exact: {exact}")
     if letters["open_other"]:
@@ -333,6 +345,21 @@ def main() -> int:
     parser.add_argument(
         "--recover-within", type=float, default=300.0, help="seconds after the last fault"
     )
+    parser.add_argument(
+        "--gaps",
+        type=float,
+        nargs=2,
+        default=[30, 90],
+        metavar=("MIN", "MAX"),
+        help="seconds between faults, drawn uniformly (the CI form packs them closer)",
+    )
+    parser.add_argument(
+        "--then",
+        nargs="*",
+        choices=("upgrade", "restore"),
+        default=[],
+        help="after the soak's checks, run these drills of deploy/drills.py in the same stack",
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     smoke.compose = compose  # the soak's override too, for every helper of the smoke run
@@ -352,9 +379,16 @@ def main() -> int:
             compose("down", "-v", "--remove-orphans", timeout=300)
             say(f"bringing the stack up (the lake through the fault proxy on :{PROXY_PORT})")
             compose("up", "-d", timeout=600)
-            smoke.wait_healthy()
+            smoke.wait_healthy(timeout=600)  # a shared, loaded machine
             say(f"every service healthy after {time.monotonic() - started:.0f} s")
             result = soak(args, proxy)
+            drills.EXTRA_FILES = [smoke.DOCKER / "compose.soak.yaml"]
+            for drill in args.then:
+                say(f"the {drill} drill, in the soak's stack")
+                try:
+                    result[drill] = drills.upgrade() if drill == "upgrade" else drills.restore()
+                except SmokeFailed as exc:
+                    result["problems"].append(f"the {drill} drill: {exc}")
             failed = bool(result["problems"])
     except (SmokeFailed, subprocess.TimeoutExpired) as exc:
         say(f"FAILED: {exc}")
@@ -369,6 +403,8 @@ def main() -> int:
         for name in ("lagwatch", "stream"):
             run("docker", "rm", "-f", f"{smoke.PROJECT}-{name}", check=False)
         smoke.teardown(failed)
+        if "upgrade" in args.then:
+            run("docker", "rmi", drills.NEW_IMAGE, check=False)
     for problem in result.get("problems", []):
         say(f"FAILED: {problem}")
     if failed:
