@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import smoke  # noqa: E402
+import soak  # noqa: E402
 from smoke import SmokeFailed, run, say  # noqa: E402
 
 NEW_IMAGE = "oml-lake:0.1.1-drill"
@@ -142,12 +143,7 @@ def replace_with_new_image(override: Path) -> dict:
         started = time.monotonic()
         run("docker-compose", "-p", smoke.PROJECT, *files, "up", "-d", "--no-deps", service,
             timeout=600)  # fmt: skip
-        smoke.wait_for(
-            f"{service} healthy on the new image",
-            lambda s=service: smoke.health(s) == "healthy" or None,
-            timeout=300,
-            interval=2,
-        )
+        soak.wait_service(service, timeout=600)
         took[service] = round(time.monotonic() - started, 1)
         say(f"{service}: replaced by {NEW_IMAGE} in {took[service]} s")
     return took
@@ -303,7 +299,7 @@ def main(argv: list[str]) -> int:
         smoke.build()
         smoke.compose("down", "-v", "--remove-orphans", timeout=300)
         smoke.compose("up", "-d", timeout=600)
-        smoke.wait_healthy(timeout=600)  # a shared, loaded machine
+        soak.wait_stack()
         say(f"every service healthy after {time.monotonic() - started:.0f} s; the {argv[0]} drill")
         result = upgrade() if argv == ["upgrade"] else restore()
         failed = False
