@@ -92,16 +92,19 @@ RUNNING_IS_ENOUGH = ("daemon", "code")
 
 
 def wait_service(service: str, timeout: float = 600) -> float:
-    """Seconds until `service` is running and healthy again (the daemon: running)."""
+    """Seconds until `service` runs and is healthy again (the daemon and the code server: runs).
+    A killed container keeps its last health status, and `docker kill` leaves it stopped whatever
+    its restart policy: whether it runs is read first, and a stopped one is started."""
     started = time.monotonic()
 
     def healthy():
-        state = smoke.health(service)
-        if state in ("exited", "dead", "created"):
+        state = json.loads(run("docker", "inspect", smoke.container(service)))[0]["State"]
+        if not state["Running"]:
             run("docker", "start", smoke.container(service), check=False)
-        if service in RUNNING_IS_ENOUGH and state in ("starting", "unhealthy", "running"):
+            return None
+        if service in RUNNING_IS_ENOUGH:
             return True
-        return state == "healthy" or None
+        return state.get("Health", {}).get("Status", "healthy") == "healthy" or None
 
     smoke.wait_for(f"{service} healthy again", healthy, timeout=timeout, interval=1)
     return round(time.monotonic() - started, 1)
@@ -225,9 +228,15 @@ class Stream:
 
 
 def converged() -> list[dict] | None:
-    """Every tenant with ops drained through its last seq, each journal event once in bronze."""
-    status = [t for t in smoke.lake("status") if t["ops"]]
-    return smoke.drained(status, 1)
+    """Every tenant with ops drained through its last seq, each journal event once in bronze.
+    Rows behind a gap in a tenant's journal_seq stay unsequenced (a producer killed mid-act by a
+    database fault leaves the gap for good; DESIGN: a gap is waited for, never skipped): they are
+    counted apart, not waited for."""
+    status = [t for t in smoke.lake("status") if t["last_seq"]]
+    for t in status:
+        if t["drained_through"] != t["last_seq"]:
+            return None
+    return status
 
 
 def lag_readings(name: str) -> list[dict]:

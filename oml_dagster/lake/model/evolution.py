@@ -153,7 +153,8 @@ def ready_to_write(
     if refused:
         raise TableSchemaAhead(
             f"{spec.name} holds column(s) {', '.join(refused)} that this code does not know and "
-            "cannot fill (not nullable): run the code version that added them"
+            "cannot fill (not nullable): a newer release's table (run that release) or not this "
+            "table at all"
         )
     if not lacking or (table is not None and not append):
         return data
