@@ -6,7 +6,7 @@ but those of the bad ops the simulator injected, and the lag must be back under 
 a stated time of the last fault. deploy/soak.sh runs it (Docker set up as deploy/smoke.sh does).
 
     deploy/soak.sh                      10 minutes of faults (the benchmark)
-    deploy/soak.sh --seconds 120 --gaps 12 20    the CI form (.ci/run)
+    deploy/soak.sh --seconds 120 --gaps 12 20    the short form
     deploy/soak.sh --seed 7 --json out.json
 
 The faults, drawn in seeded rounds (each kind once per round, in a shuffled order), one every
@@ -381,7 +381,7 @@ def main() -> int:
         nargs=2,
         default=[30, 90],
         metavar=("MIN", "MAX"),
-        help="seconds between faults, drawn uniformly (the CI form packs them closer)",
+        help="seconds between faults, drawn uniformly (the short form packs them closer)",
     )
     parser.add_argument(
         "--then",
