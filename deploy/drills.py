@@ -84,7 +84,12 @@ def converged_exact() -> dict:
         timeout=600,
         interval=5,
     )
-    smoke.wait_for("oml-lake reconcile exits 0", smoke.reconciles, timeout=180, interval=5)
+    smoke.wait_for(
+        "oml-lake reconcile: every check but the injected dead letters passes",
+        soak.reconciles_but_the_injected,
+        timeout=300,
+        interval=10,
+    )
     exact = smoke.lake("exact")
     if not exact["exact"]:
         raise SmokeFailed(f"the lake is not exact: {exact}")
