@@ -241,7 +241,7 @@ def reconciles(*tenant: str) -> bool:
     return True
 
 
-def wait_healthy() -> None:
+def wait_healthy(timeout: float = 240) -> None:
     def all_healthy():
         states = {s: health(s) for s in SERVICES}
         for s, state in states.items():
@@ -252,7 +252,7 @@ def wait_healthy() -> None:
             return states
         raise SmokeFailed(f"not healthy yet: {states}")
 
-    wait_for("every service healthy", all_healthy, timeout=240)
+    wait_for("every service healthy", all_healthy, timeout=timeout)
     for s in ONE_SHOT:
         code = json.loads(run("docker", "inspect", container(s)))[0]["State"]["ExitCode"]
         if code != 0:

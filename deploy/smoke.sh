@@ -33,21 +33,20 @@ if ! docker info >/dev/null 2>&1; then
     echo '{"bridge": "none", "iptables": false, "ip6tables": false}' >/etc/docker/daemon.json
   fi
   say "starting dockerd (log: /var/log/oml-smoke-dockerd.log)"
-  nohup dockerd >/var/log/oml-smoke-dockerd.log 2>&1 &
+  # Its own session and no inherited descriptor: a caller's `flock FILE deploy/smoke.sh` holds
+  # the lock on an open descriptor, which a daemon started here would otherwise keep (and with
+  # it the lock) for as long as the engine runs.
+  python3 -c 'import subprocess, sys; subprocess.Popen(["dockerd"], stdin=subprocess.DEVNULL,
+    stdout=open(sys.argv[1], "ab"), stderr=subprocess.STDOUT, close_fds=True,
+    start_new_session=True)' /var/log/oml-smoke-dockerd.log
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || die "dockerd did not start: $(tail -3 /var/log/oml-smoke-dockerd.log)"
 fi
 
 # --- The base image, from Debian's packages: no registry is reachable -------------------------
 if ! docker image inspect local/debian:bookworm >/dev/null 2>&1; then
-  # The mirror apt already uses (deb822 sources, or a one-line sources.list).
-  mirror="$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null \
-            | grep -v security | head -1)"
-  if [ -z "$mirror" ]; then
-    mirror="$(awk '$1 == "deb" && $0 !~ /security/ {print $2; exit}' /etc/apt/sources.list \
-              2>/dev/null || true)"
-  fi
-  mirror="${mirror:-http://deb.debian.org/debian}"
+  # The archive apt already uses: the repository names no mirror of its own.
+  mirror="$(python3 deploy/apt_mirror.py)" || die "no Debian mirror to debootstrap from (above)"
   rootfs="$(mktemp -d /tmp/oml-smoke-rootfs.XXXXXX)"
   say "debootstrap bookworm from $mirror"
   debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >/tmp/oml-smoke-debootstrap.log 2>&1 \
@@ -56,4 +55,5 @@ if ! docker image inspect local/debian:bookworm >/dev/null 2>&1; then
   rm -rf "$rootfs"
 fi
 
-exec python3 deploy/smoke.py "$@"
+# deploy/soak.sh reuses this setup and runs the soak instead (OML_SMOKE_THEN).
+exec python3 "${OML_SMOKE_THEN:-deploy/smoke.py}" "$@"

@@ -11,8 +11,7 @@ import datetime as dt
 
 import psycopg
 
-from oml_dagster.lake import db
-from oml_dagster.lake.faults import RetryPolicy
+from oml_dagster.lake.faults import Connector, RetryPolicy
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import (
@@ -20,6 +19,7 @@ from oml_dagster.settings import (
     FOLD_TIMEOUT_SECONDS,
     LAKE_URI,
     MEMORY_BUDGET_MIB,
+    PG_CONNECT_SECONDS,
     PG_DSN,
     Env,
     TenantStorageReferences,
@@ -34,9 +34,24 @@ def dsn(env: Env | None = None) -> str:
     return PG_DSN.read(env)
 
 
+# Whether this process ever reached a server is a fact of the process (ADR 0070): a command
+# or a run that connected once and then lost PostgreSQL rides through, one that never reached it
+# says so within OML_PG_CONNECT_SECONDS. So each (DSN, bound) has one Connector per process.
+_CONNECTORS: dict[tuple[str, float], Connector] = {}
+
+
+def connector(dsn_: str | None = None, env: Env | None = None) -> Connector:
+    """This process's Connector to `dsn_` (default OML_PG_DSN), its first contact bounded by
+    OML_PG_CONNECT_SECONDS."""
+    key = (dsn_ or dsn(env), PG_CONNECT_SECONDS.read(env))
+    return _CONNECTORS.setdefault(key, Connector(key[0], first_contact_seconds=key[1]))
+
+
 def connect(*, autocommit: bool = True, env: Env | None = None) -> psycopg.Connection:
-    """A connection to OML_PG_DSN (autocommit unless told otherwise, as every command takes it)."""
-    return db.connect(dsn(env), autocommit=autocommit)
+    """A connection to OML_PG_DSN (autocommit unless told otherwise, as every command takes it):
+    the process's first one bounded by OML_PG_CONNECT_SECONDS (`PostgresUnreachable`), later
+    ones failing as a lost connection does."""
+    return connector(env=env).connect(autocommit=autocommit)
 
 
 def named_lake(env: Env | None = None) -> Lake:

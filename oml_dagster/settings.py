@@ -356,6 +356,16 @@ RETRY_SECONDS = _seconds_setting(
     "0.25 s doubling to 15 s, with full jitter); 0: never retry.",
     zero=True,
 )
+PG_CONNECT_SECONDS = _seconds_setting(
+    "OML_PG_CONNECT_SECONDS",
+    5.0,
+    "How long a process tries its first connection to PostgreSQL (a server never reached: "
+    "`cannot reach PostgreSQL at HOST:PORT (reason)`, exit 4; each try also bounded by it) "
+    "before it gives up; a connection lost after one succeeded is ridden through within "
+    "OML_RETRY_SECONDS. A standing deployment whose runs may start while PostgreSQL restarts sets "
+    "more (compose and Helm: 60).",
+    zero=False,
+)
 DEBUG: Setting[bool] = Setting(
     "OML_DEBUG",
     False,
@@ -399,6 +409,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     ERASURE_CADENCE_SECONDS,
     RETRY_ATTEMPTS,
     RETRY_SECONDS,
+    PG_CONNECT_SECONDS,
     DEBUG,
 )
 

@@ -465,7 +465,12 @@ def test_each_dagster_yaml_loads_with_the_cap_and_the_lease(variant, dsn, tmp_pa
             launcher = instance.run_launcher
             assert isinstance(launcher, DockerRunLauncher)
             assert launcher.networks == ["host"]
-            assert launcher.container_kwargs == {"init": True, "auto_remove": True}
+            assert launcher.container_kwargs == {
+                "init": True,
+                "auto_remove": True,
+                "mem_limit": "5g",
+                "memswap_limit": "5g",
+            }
         if variant != "helm":
             # Ticks do not pile up forever: skipped sensor ticks go after a day.
             from dagster._core.definitions.run_request import InstigatorType

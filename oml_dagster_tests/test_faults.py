@@ -102,27 +102,6 @@ def test_killed_sessions_mid_drain_are_reopened_and_the_drain_finishes(conn, lak
             assert f"lag tenant {keys.tenant_id}: 0 ops" in out, out
 
 
-def test_a_drain_stops_with_one_line_when_postgres_stays_away(lake, tmp_path):
-    """Past the retry bound the drain gives up with one line naming the fault and the bound, exit
-    4; a database that does not exist is permanent at once, exit 3."""
-    from oml_testbed.s3_server import _free_loopback_port
-
-    nowhere = f"postgresql://postgres@127.0.0.1:{_free_loopback_port()}/oml"
-    started = time.monotonic()
-    done = subprocess.run(
-        DRAIN,
-        env=_env(nowhere, lake, OML_RETRY_SECONDS="3", OML_RETRY_ATTEMPTS="5"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 4, done.stderr
-    line = one_line(done.stderr)
-    assert "PostgreSQL connection lost" in line and "OML_RETRY_SECONDS" in line
-    assert time.monotonic() - started < 30
-    assert "retrying in" in done.stderr  # it did ride, then gave up
-
-
 def test_an_unknown_database_is_refused_at_once(lake, dsn):
     unknown = psycopg.conninfo.make_conninfo(dsn, dbname="oml_no_such_database")
     done = subprocess.run(
@@ -413,14 +392,24 @@ def test_a_restarted_server_mid_drain_is_ridden_through(cluster, tmp_path, mode)
     proc = subprocess.Popen(
         DRAIN, env=_env(dsn, lake), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    # Mid-drain: after its first batch landed. A restart before its first connection is a first
+    # contact, waited for without a retry line (ADR 0070); a slow start on a loaded machine
+    # would otherwise put both restarts there.
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if " batch (" in line:
+            break
     restarts = 0
-    for pause in (0.8, 1.0):
+    for pause in (0.0, 0.8):
         time.sleep(pause)
         if proc.poll() is not None:
             break
         cluster.restart(mode)
         restarts += 1
     out, err = proc.communicate(timeout=240)
+    out = "".join(lines) + out
     assert proc.returncode == 0, err
     assert restarts >= 1 and "PostgreSQL connection lost" in err, err
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -51,12 +51,17 @@ _HOP_BY_HOP = {
 class FaultProxy:
     """The proxy as a context manager; `endpoint` is what clients use as AWS_ENDPOINT_URL.
 
-    It serves from a process of its own: a drain in the test's own process holds the GIL while
-    delta-rs reads a table through its QueryBuilder (bench/RESULTS.md, 6 Dec), and a proxy
-    thread beside it then cannot answer the very requests that read waits on (each one timed out
-    after object_store's 30 s). `on_request` must therefore be picklable (a module-level
-    function or an instance of a module-level class); `requests`, `injected` and `enabled` are
-    shared with that process."""
+        It serves from a process of its own: a drain in the test's own process holds the GIL while
+        delta-rs reads a table through its QueryBuilder (bench/RESULTS.md, 6 Dec), and a proxy
+        thread beside it then cannot answer the very requests that read waits on (each one timed out
+        after object_store's 30 s). `on_request` must therefore be picklable (a module-level
+        function or an instance of a module-level class); `requests`, `injected` and `enabled` are
+        shared with that process.
+
+    `port` fixes the proxy's port (0: a free one). `outage` plays the store's endpoint down, as while
+    its server restarts: every connection is reset at once, nothing is forwarded, until it is
+    switched off again (the chaos soak; moto keeps its objects in memory, so restarting moto itself
+    would lose them)."""
 
     def __init__(
         self,
@@ -70,6 +75,7 @@ class FaultProxy:
         timeout: float = 60.0,
         schedule: Mapping[int, str] | None = None,
         on_request: Callable[[int], None] | None = None,
+        port: int = 0,
     ):
         unknown = (set(kinds) | set((schedule or {}).values())) - set(KINDS)
         if unknown or not kinds:
@@ -85,12 +91,14 @@ class FaultProxy:
             "timeout": timeout,
             "schedule": dict(schedule) if schedule is not None else None,
             "on_request": on_request,
+            "port": port,
         }
         context = multiprocessing.get_context("spawn")
         self._context = context
         self._requests = context.Value("q", 0)
         self._injected = context.Array("q", len(KINDS))
         self._enabled = context.Value("b", 1)
+        self._outage = context.Value("b", 0)
         self._stop = context.Event()
         self._process: multiprocessing.process.BaseProcess | None = None
         self.endpoint = ""
@@ -111,9 +119,17 @@ class FaultProxy:
     def enabled(self, on: bool) -> None:
         self._enabled.value = 1 if on else 0
 
+    @property
+    def outage(self) -> bool:
+        return bool(self._outage.value)
+
+    @outage.setter
+    def outage(self, on: bool) -> None:
+        self._outage.value = 1 if on else 0
+
     def __enter__(self) -> FaultProxy:
         ready, told = self._context.Pipe(duplex=False)
-        shared = (self._requests, self._injected, self._enabled, self._stop)
+        shared = (self._requests, self._injected, self._enabled, self._stop, self._outage)
         process = self._context.Process(
             target=_serve_forever, args=(self._config, shared, told), daemon=True
         )
@@ -140,24 +156,26 @@ START_TIMEOUT_S = 30.0
 
 def _serve_forever(config: dict, shared: tuple, told) -> None:
     """The proxy's process: serve until the parent sets the stop event."""
-    server = _Proxy(config, *shared[:3])
+    requests, injected, enabled, stop, outage = shared
+    server = _Proxy(config, requests, injected, enabled, outage=outage)
     told.send(server.port)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    shared[3].wait()
+    stop.wait()
     server.shutdown()
 
 
 class _Proxy:
     """The proxy's own process: a thread per connection, one request per connection."""
 
-    def __init__(self, config: dict, requests, injected, enabled):
+    def __init__(self, config: dict, requests, injected, enabled, outage=None):
         self.upstream: tuple[str, int] = config["upstream"]
         self.rate, self.kinds = config["rate"], config["kinds"]
         self.delay_seconds, self.timeout = config["delay_seconds"], config["timeout"]
         self.max_faults, self.schedule = config["max_faults"], config["schedule"]
         self.on_request = config["on_request"]
         self._requests, self._injected, self._enabled = requests, injected, enabled
+        self._outage = outage
         self._rng = random.Random(config["seed"])
         self._lock = threading.Lock()
         proxy = self
@@ -171,7 +189,7 @@ class _Proxy:
             allow_reuse_address = True
             request_queue_size = 128
 
-        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server = Server(("127.0.0.1", config.get("port", 0)), Handler)
         self.port = self._server.server_address[1]
 
     def serve_forever(self) -> None:
@@ -200,6 +218,9 @@ class _Proxy:
     # --- one request ----------------------------------------------------------------------
 
     def _serve(self, client: socket.socket) -> None:
+        if self._outage is not None and self._outage.value:
+            _reset(client)
+            return
         client.settimeout(self.timeout)
         reader = client.makefile("rb")
         try:

@@ -55,6 +55,7 @@ from oml_dagster.lake.write.writer import COMMITS, BatchResult, WriterConfig
 from oml_dagster.settings import DEBUG, WRITER_PASSWORD
 
 from . import analytics as analytics_cli
+from . import lake_tables as lake_tables_cli
 from . import maintenance as maintenance_cli
 from .output import OutputClosed
 from .output import out as _print
@@ -444,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_deadletter(sub)
     maintenance_cli.register(sub)
     analytics_cli.register(sub)
+    lake_tables_cli.register(sub)
     register_simulate(sub)
     return parser
 

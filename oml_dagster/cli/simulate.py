@@ -116,6 +116,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"oml-lake simulate: {error}", file=sys.stderr)
         return EXIT_USAGE
+    # The first contact, bounded (ADR 0070), before the producer's own connections.
+    from_settings.connect().close()
     try:
         report = run(from_settings.dsn(), workload, config)
     except SimulationError as error:

@@ -24,7 +24,6 @@ from dagster import (
 from pydantic import PrivateAttr
 
 from oml_dagster import from_settings
-from oml_dagster.lake import db
 from oml_dagster.lake.faults import RetryPolicy
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.writer import WriterConfig
@@ -73,9 +72,10 @@ class PostgresResource(ConfigurableResource):  # type: ignore[type-arg]
         return self.dsn or from_settings.dsn(env)
 
     def connect(self) -> psycopg.Connection:  # type: ignore[type-arg]
+        """The process's first connection bounded by OML_PG_CONNECT_SECONDS (ADR 0070)."""
         if self._dsn is None:
             self._dsn = self.resolve()
-        return db.connect(self._dsn, autocommit=True)
+        return from_settings.connector(self._dsn).connect(autocommit=True)
 
 
 @dataclass(frozen=True)

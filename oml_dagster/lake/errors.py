@@ -27,6 +27,16 @@ class ConflictingCommit(LakeError):
     """A table kept meeting concurrent commits; the batch is left for the next run."""
 
 
+class PostgresUnreachable(LakeError):
+    """A process's first connection to PostgreSQL failed for its whole bound: the server was
+    never reached (nothing connected, so nothing was lost), which a connection lost after one
+    succeeded is not (that one is ridden through, ADR 0045 and ADR 0070)."""
+
+    def __init__(self, address: str, reason: str, seconds: float):
+        self.address, self.reason, self.seconds = address, reason, seconds
+        super().__init__(f"cannot reach PostgreSQL at {address} ({reason})")
+
+
 class InconsistentFrontier(LakeError):
     """A table records a txn version beyond the tenant's decided verdicts (lake and Postgres
     disagree, e.g. Postgres restored from an older backup than the lake)."""

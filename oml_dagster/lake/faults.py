@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -27,6 +27,7 @@ from oml_dagster.lake.errors import (
     ConflictingCommit,
     InvalidSetting,
     LakeError,
+    PostgresUnreachable,
     RequeueError,
     UnknownTenant,
     UnsupportedObjectStore,
@@ -318,6 +319,15 @@ _OS_TRANSIENT = {
 
 
 def _own(error: BaseException) -> Fault | None:
+    if isinstance(error, PostgresUnreachable):
+        return Fault(
+            False,
+            str(error),
+            "",
+            "nothing was connected, so nothing is lost; start PostgreSQL there or fix "
+            f"OML_PG_DSN (tried for {error.seconds:.0f} s: OML_PG_CONNECT_SECONDS)",
+            EXIT_TRANSIENT,
+        )
     if isinstance(error, (ConflictingCommit, VerdictConflict)):
         # Another writer moved the table or the verdicts: the next attempt reloads and folds
         # with what it recorded.
@@ -494,3 +504,79 @@ def retrying(
             if on_retry is not None:
                 on_retry(fault, streak.failures, wait)
             sleep(wait)
+
+
+# --- the first connection ----------------------------------------------------------------------
+
+FIRST_CONTACT_SECONDS = 5.0
+_FIRST_CONTACT_PAUSE = (0.25, 1.0)  # between tries: doubling from the first, capped at the second
+_LIBPQ_LEAST_TIMEOUT = 2  # libpq treats a connect_timeout below 2 s as 2 s
+
+
+@dataclass
+class Connector:
+    """Connections to one PostgreSQL server (`dsn`) that tell a server never reached from one
+    lost (ADR 0070). Until a first connection has succeeded, a try that fails the way a server
+    that is not there fails (refused, timed out, starting up: what `classify` calls transient)
+    is tried again, for at most `first_contact_seconds` in all, then PostgresUnreachable names
+    the host, the port and the reason; a refused login or an unknown database propagates at once,
+    as it always did. Once one connection succeeded, a failed one raises psycopg's own error,
+    which the caller rides through as a lost connection (`retrying`). One Connector per process
+    and server: whether the server was ever reached is what it remembers."""
+
+    dsn: str
+    first_contact_seconds: float = FIRST_CONTACT_SECONDS
+    reached: bool = False
+
+    def connect(self, *, autocommit: bool = True) -> psycopg.Connection:
+        if self.reached:
+            return psycopg.connect(self.dsn, autocommit=autocommit)
+        connection = self._first_contact(autocommit)
+        self.reached = True
+        return connection
+
+    def _first_contact(self, autocommit: bool) -> psycopg.Connection:
+        started = time.monotonic()
+        pause = _FIRST_CONTACT_PAUSE[0]
+        own_timeout = "connect_timeout" in psycopg.conninfo.conninfo_to_dict(self.dsn)
+        while True:
+            left = self.first_contact_seconds - (time.monotonic() - started)
+            # A server that drops packets (no refusal) would hold a try for the kernel's TCP
+            # timeout, minutes: each try is bounded by what is left of the bound.
+            timeout: dict[str, Any] = (
+                {}
+                if own_timeout
+                else {"connect_timeout": max(_LIBPQ_LEAST_TIMEOUT, int(left + 0.999))}
+            )
+            try:
+                return psycopg.connect(self.dsn, autocommit=autocommit, **timeout)
+            except psycopg.OperationalError as error:
+                fault = classify(error)
+                if fault is None or not fault.transient:
+                    raise
+                waited = time.monotonic() - started
+                if waited + pause > self.first_contact_seconds:
+                    raise PostgresUnreachable(
+                        _address(error, self.dsn), _reason(error), self.first_contact_seconds
+                    ) from error
+                time.sleep(pause)
+                pause = min(_FIRST_CONTACT_PAUSE[1], pause * 2)
+
+
+def _address(error: psycopg.Error, dsn: str) -> str:
+    """HOST:PORT of the server tried: the connection attempt's own, else the DSN's."""
+    pgconn = getattr(error, "pgconn", None)
+    host = pgconn.host.decode() if pgconn is not None and pgconn.host else ""
+    port = pgconn.port.decode() if pgconn is not None and pgconn.port else ""
+    if not host:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        host, port = str(info.get("host") or "localhost"), str(info.get("port") or "5432")
+    return f"{host}:{port or '5432'}"
+
+
+def _reason(error: psycopg.Error) -> str:
+    """libpq's reason on its own: "connection refused", "timeout expired", "the database
+    system is starting up"."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    reason = first.rsplit(" failed: ", 1)[-1].strip()
+    return re.sub(r"^(FATAL|ERROR):\s+", "", reason).strip().lower() or "no answer"

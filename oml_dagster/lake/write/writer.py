@@ -55,7 +55,7 @@ from oml_dagster.lake.errors import (
 )
 from oml_dagster.lake.ingest.bronze import checked_events, cleared_events
 from oml_dagster.lake.ingest.fetch import Batch, Fetcher
-from oml_dagster.lake.model import catalog
+from oml_dagster.lake.model import catalog, evolution
 from oml_dagster.lake.model.catalog import Op
 from oml_dagster.lake.model.tables import (
     APP_ID,
@@ -412,7 +412,12 @@ def _write(
     rows updated)."""
     spec = handle.spec
     parquet = writer_properties(spec)
-    if handle.table is not None and spec.merge_key and data.num_rows and not inserts_only:
+    merging = (
+        handle.table is not None and bool(spec.merge_key and data.num_rows) and not inserts_only
+    )
+    # The table at the code's version, and the data right for its columns (ADR 0071).
+    data = evolution.ready_to_write(handle.table, spec, data, append=not merging)
+    if merging:
         predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
         if target_filter:
             predicate = f"{predicate} AND ({target_filter})"
