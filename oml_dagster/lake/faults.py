@@ -25,10 +25,12 @@ import psycopg
 from oml_dagster.lake.errors import (
     BatchTimeout,
     ConflictingCommit,
+    ExportTargetRefused,
     InvalidSetting,
     LakeError,
     PostgresUnreachable,
     RequeueError,
+    TenantNotDeparted,
     UnknownTenant,
     UnsupportedObjectStore,
     VerdictConflict,
@@ -341,6 +343,8 @@ def _own(error: BaseException) -> Fault | None:
         return Fault(False, "refused", "", str(error), EXIT_USAGE)
     if isinstance(error, UnknownTenant):
         return Fault(False, "unknown tenant", "", str(error), EXIT_USAGE)
+    if isinstance(error, (TenantNotDeparted, ExportTargetRefused)):
+        return Fault(False, "refused", "", str(error), EXIT_USAGE)
     if isinstance(error, BatchTimeout):
         return Fault(
             False,
