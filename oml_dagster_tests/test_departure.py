@@ -4,15 +4,21 @@ writer's records of it, with a receipt."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import random
+import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from oml_dagster.lake.audit import export
-from oml_dagster.lake.errors import ExportTargetRefused
+from oml_dagster.lake.audit import export, purge
+from oml_dagster.lake.errors import ExportTargetRefused, TenantNotDeparted
 from oml_dagster.lake.model.tables import BRONZE_EVENTS, SILVER_CLAIMS
+from oml_dagster.lake.policy import known_tenants
+from oml_dagster.lake.queries import cross_scope, tenant_scope
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree
@@ -154,3 +160,165 @@ def test_an_interrupted_export_resumes_without_a_row_twice(conn, lake, tmp_path)
     first_rows = {t["name"]: t["rows"] for t in result.manifest["tables"]}
     later_rows = {t["name"]: t["rows"] for t in fresh.manifest["tables"]}
     assert later_rows[BRONZE_EVENTS.name] > first_rows[BRONZE_EVENTS.name]
+
+
+# --- purge ------------------------------------------------------------------------------------
+
+
+def neighbour_of(tenant_id: str) -> str:
+    """Another tenant id sharing all but the last character with `tenant_id`."""
+    last = "1" if tenant_id[-1] != "1" else "2"
+    return tenant_id[:-1] + last
+
+
+def tree_bytes(root: Path, skip: str) -> dict[str, bytes]:
+    """Every file under `root` but those under `root/skip/`, with its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and not str(p.relative_to(root)).startswith(f"{skip}/")
+    }
+
+
+@pytest.fixture
+def departing(conn, lake):
+    """A populated tenant, a populated neighbour whose id shares all but one character, and
+    objects under paths that extend the tenant's id as a string; the tenant then departs with
+    ops not yet drained."""
+    keys, _, _ = populated(conn, lake, str(uuid.UUID("0f0f0f0f-0000-4000-8000-0000000000a1")))
+    other, _, _ = populated(conn, lake, neighbour_of(keys.tenant_id))
+    root = Path(lake.root)
+    for stray in (f"{keys.tenant_id}0/stray.bin", f"{keys.tenant_id}-old/x/y.bin"):
+        (root / stray).parent.mkdir(parents=True, exist_ok=True)
+        (root / stray).write_bytes(b"not the tenant's")
+    acts.upsert_area(
+        conn, keys, str(uuid.uuid4()), path="late", status="development", parent_id=None
+    )
+    acts.depart(conn, keys)
+    return keys.tenant_id, other.tenant_id
+
+
+def writer_rows(conn, tenant_id: str) -> dict[str, int]:
+    return {
+        table: conn.execute(
+            f"SELECT count(*) FROM oml.{table} WHERE tenant_id = %s", (tenant_id,)
+        ).fetchone()[0]
+        for table in ("lake_frontier", "lake_verdicts", "lake_dead_letter")
+    }
+
+
+def test_a_purge_is_refused_for_a_tenant_that_has_not_departed(conn, lake):
+    keys, _, _ = populated(conn, lake)
+    before = tree_bytes(Path(lake.root), "")
+    with pytest.raises(TenantNotDeparted, match=keys.tenant_id):
+        purge.purge_tenant(conn, lake, keys.tenant_id, by="test")
+    assert tree_bytes(Path(lake.root), "") == before
+    assert writer_rows(conn, keys.tenant_id)["lake_frontier"] > 0
+
+
+def test_a_purge_removes_the_prefix_and_the_writer_rows_and_leaves_a_receipt(conn, lake, departing):
+    tenant_id, other = departing
+    root = Path(lake.root)
+    neighbours = tree_bytes(root, tenant_id)
+    other_rows = writer_rows(conn, other)
+    got = purge.purge_tenant(conn, lake, tenant_id, by="operator")
+
+    assert not (root / tenant_id).exists()
+    assert tree_bytes(root, tenant_id) == neighbours
+    assert writer_rows(conn, tenant_id) == {
+        "lake_frontier": 0,
+        "lake_verdicts": 0,
+        "lake_dead_letter": 0,
+    }
+    assert writer_rows(conn, other) == other_rows
+    assert got["listing_after"] == [] and got["requested_by"] == "operator"
+    assert got["objects"] > 0 and got["bytes"] > 0 and got["log_entries"] > 0
+    assert got["writer_rows"]["lake_frontier"] >= 5
+    names = {t["name"] for t in got["tables"]}
+    assert {"bronze.events", "silver.claims", "gold.areas"} <= names
+    # The undrained ops were drained before the inventory: the last area is in gold.areas' count.
+    assert got["credentials"] == {**got["credentials"], "own": False, "revocable": False}
+    assert purge.receipt(conn, tenant_id) == got
+    # Idempotent: a second purge returns the receipt and touches nothing.
+    assert purge.purge_tenant(conn, lake, tenant_id, by="someone else") == got
+    # The retained outbox never refills the prefix, and the tenant is no longer listed.
+    drain_all(conn, lake)
+    assert not (root / tenant_id).exists()
+    assert tenant_id not in known_tenants(conn) and other in known_tenants(conn)
+
+
+def test_a_purge_killed_at_random_points_finishes_on_rerun(conn, lake, departing):
+    tenant_id, other = departing
+    root = Path(lake.root)
+    neighbours = tree_bytes(root, tenant_id)
+    rng = random.Random(46)
+
+    class Killed(Exception):
+        pass
+
+    def killed_at(calls: int):
+        seen: list[str] = []
+
+        def step(name: str) -> None:
+            seen.append(name)
+            if len(seen) == calls:
+                raise Killed(name)
+
+        return step
+
+    finished, kills = None, []
+    for _ in range(40):  # bounded: a run killed after its first step still gets further
+        try:
+            finished = purge.purge_tenant(
+                conn, lake, tenant_id, by="test", step=killed_at(rng.randint(1, 12))
+            )
+            break
+        except Killed as where:
+            kills.append(str(where))
+            assert tree_bytes(root, tenant_id) == neighbours
+    assert len(kills) >= 3, kills
+    assert finished is not None
+    assert not (root / tenant_id).exists()
+    assert finished["listing_after"] == [] and finished["objects"] > 0
+    assert writer_rows(conn, tenant_id)["lake_frontier"] == 0
+    assert tree_bytes(root, tenant_id) == neighbours
+
+
+def test_a_departed_tenant_past_its_deadline_is_a_breach_until_purged(conn, lake):
+    keys = producer.create_tenant(conn, erasure_bound=dt.timedelta(seconds=1))
+    make_tree(conn, keys)
+    drain_all(conn, lake)
+    acts.depart(conn, keys, at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+    found = purge.overdue_departures(conn)
+    assert [d.tenant_id for d in found] == [keys.tenant_id]
+    assert keys.tenant_id in found[0].finding()
+    assert purge.due_for_purge(conn, dt.timedelta(seconds=30)) == [keys.tenant_id]
+    assert purge.due_for_purge(conn, dt.timedelta(hours=1)) == []
+    purge.purge_tenant(conn, lake, keys.tenant_id, by="test")
+    assert purge.overdue_departures(conn) == []
+    assert purge.due_for_purge(conn, dt.timedelta(seconds=0)) == []
+
+
+def test_the_purge_record_is_under_row_level_security(conn, lake, writer_conn):
+    made = []
+    for _ in range(2):
+        keys = producer.create_tenant(conn)
+        acts.depart(conn, keys)
+        purge.purge_tenant(writer_conn, lake, keys.tenant_id, by="writer role")
+        made.append(keys.tenant_id)
+    first, second = made
+    with tenant_scope(writer_conn, first):
+        seen = writer_conn.execute("SELECT tenant_id::text FROM oml.lake_tenant_purge").fetchall()
+        assert seen == [(first,)]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege), tenant_scope(writer_conn, first):
+        writer_conn.execute(
+            "INSERT INTO oml.lake_tenant_purge (tenant_id, state, requested_by, removed)"
+            " VALUES (%s, 'purging', 'x', '{}')",
+            (str(uuid.uuid4()),),
+        )
+    with cross_scope(writer_conn):
+        rows = writer_conn.execute("SELECT tenant_id::text FROM oml.lake_tenant_purge").fetchall()
+        assert {first, second} <= {r[0] for r in rows}
+    with pytest.raises(psycopg.errors.InsufficientPrivilege), cross_scope(writer_conn):
+        writer_conn.execute("DELETE FROM oml.lake_tenant_purge WHERE tenant_id = %s", (first,))
+    assert purge.receipt(writer_conn, first)["tenant_id"] == first

@@ -435,6 +435,7 @@ PURGE_FINISH = (
     "UPDATE oml.lake_tenant_purge SET state = 'purged', finished_at = %s, receipt = %s"
     " WHERE tenant_id = %s AND state = 'purging'"
 )
+OUTBOX_UNSEQUENCED = "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND seq IS NULL"
 # The writer's own records of a tenant, removed by its purge (table name, statement).
 PURGE_WRITER_ROWS = (
     ("lake_frontier", "DELETE FROM oml.lake_frontier WHERE tenant_id = %s"),
