@@ -14,8 +14,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from oml_dagster.cli import main as cli_main
 from oml_dagster.lake.audit import export, purge
 from oml_dagster.lake.errors import ExportTargetRefused, TenantNotDeparted
+from oml_dagster.lake.faults import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from oml_dagster.lake.model.tables import BRONZE_EVENTS, SILVER_CLAIMS
 from oml_dagster.lake.policy import known_tenants
 from oml_dagster.lake.queries import cross_scope, tenant_scope
@@ -322,3 +324,49 @@ def test_the_purge_record_is_under_row_level_security(conn, lake, writer_conn):
     with pytest.raises(psycopg.errors.InsufficientPrivilege), cross_scope(writer_conn):
         writer_conn.execute("DELETE FROM oml.lake_tenant_purge WHERE tenant_id = %s", (first,))
     assert purge.receipt(writer_conn, first)["tenant_id"] == first
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli_main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_tenant_commands_export_verify_and_purge_with_named_exit_codes(
+    conn, dsn, lake, tmp_path, capsys
+):
+    keys, erased, _ = populated(conn, lake)
+    tenant_id = keys.tenant_id
+    code, _, err = run(capsys, "tenant", "purge", "--tenant", tenant_id)
+    assert code == EXIT_USAGE and err.count("\n") == 1 and tenant_id in err
+    code, _, err = run(capsys, "tenant", "receipt", "--tenant", tenant_id)
+    assert code == EXIT_USAGE and tenant_id in err
+
+    target = tmp_path / "export"
+    code, out, _ = run(capsys, "tenant", "export", "--tenant", tenant_id, "--to", str(target))
+    assert code == EXIT_OK and json.loads(out)["tables"]["silver.claims"] == 5
+    code, out, _ = run(capsys, "tenant", "verify-export", str(target))
+    assert code == EXIT_OK and "verifies" in out
+    code, _, err = run(capsys, "tenant", "export", "--tenant", tenant_id, "--to", lake.root)
+    assert code == EXIT_USAGE and "lake root" in err
+    (target / keys.tenant_id / "stray.txt").write_text("x")
+    code, out, _ = run(capsys, "tenant", "verify-export", "--json", str(target))
+    assert code == EXIT_FINDINGS
+    assert json.loads(out)["findings"] == [f"{tenant_id}/stray.txt: not listed in the manifest"]
+
+    acts.depart(conn, keys, at=dt.datetime.now(dt.UTC) - dt.timedelta(days=8))
+    for command in ("doctor", "erasure-evidence"):
+        code, out, _ = run(capsys, command)
+        assert code == EXIT_FINDINGS and f"BREACH: departed tenant {tenant_id}" in out, command
+    code, out, _ = run(capsys, "tenant", "purge", "--tenant", tenant_id, "--by", "ops")
+    assert code == EXIT_OK
+    made = json.loads(out)
+    assert made["requested_by"] == "ops" and made["listing_after"] == []
+    assert files_holding(Path(lake.root), erased) == []
+    code, out, _ = run(capsys, "tenant", "receipt", "--tenant", tenant_id)
+    assert code == EXIT_OK and json.loads(out) == made
+    code, out, _ = run(capsys, "doctor")
+    assert code == EXIT_OK and tenant_id not in out
