@@ -13,8 +13,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dagster import RunsFilter, build_sensor_context
 
 from oml_dagster.cli import main as cli_main
+from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+from oml_dagster.defs.resources import build_resources
 from oml_dagster.lake.audit import export, purge
 from oml_dagster.lake.errors import ExportTargetRefused, TenantNotDeparted
 from oml_dagster.lake.faults import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
@@ -23,6 +26,7 @@ from oml_dagster.lake.policy import known_tenants
 from oml_dagster.lake.queries import cross_scope, tenant_scope
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.simulate import acts, producer
+from oml_dagster_tests.dagster_support import materialize_partition
 from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree
 
 
@@ -295,7 +299,10 @@ def test_a_departed_tenant_past_its_deadline_is_a_breach_until_purged(conn, lake
     assert [d.tenant_id for d in found] == [keys.tenant_id]
     assert keys.tenant_id in found[0].finding()
     assert purge.due_for_purge(conn, dt.timedelta(seconds=30)) == [keys.tenant_id]
-    assert purge.due_for_purge(conn, dt.timedelta(hours=1)) == []
+    # Half the bound (0.5 s here) when the grace is longer: the purge lands within the bound.
+    assert purge.due_for_purge(conn, dt.timedelta(hours=1)) == [keys.tenant_id]
+    before = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=2)
+    assert purge.due_for_purge(conn, dt.timedelta(seconds=0), now=before) == []
     purge.purge_tenant(conn, lake, keys.tenant_id, by="test")
     assert purge.overdue_departures(conn) == []
     assert purge.due_for_purge(conn, dt.timedelta(seconds=0)) == []
@@ -370,3 +377,52 @@ def test_the_tenant_commands_export_verify_and_purge_with_named_exit_codes(
     assert code == EXIT_OK and json.loads(out) == made
     code, out, _ = run(capsys, "doctor")
     assert code == EXIT_OK and tenant_id not in out
+
+
+# --- Dagster ----------------------------------------------------------------------------------
+
+
+def test_the_dagster_jobs_export_and_purge_and_the_partition_is_gone(
+    conn, dsn, lake, tmp_path, defs, instance
+):
+    keys, _, _ = populated(conn, lake)
+    tenant_id = keys.tenant_id
+    other, _, _ = populated(conn, lake)
+    materialize_partition(defs, instance, "lake_writer_job", tenant_id)
+    materialize_partition(defs, instance, "lake_writer_job", other.tenant_id)
+    target = tmp_path / "export"
+    exported = defs.resolve_job_def("tenant_export_job").execute_in_process(
+        partition_key=tenant_id,
+        instance=instance,
+        run_config={"ops": {"export_tenant": {"config": {"to": str(target)}}}},
+    )
+    assert exported.success and export.verify_export(Lake(str(target))).ok
+
+    refused = defs.resolve_job_def("tenant_purge_job").execute_in_process(
+        partition_key=tenant_id, instance=instance, raise_on_error=False
+    )
+    assert not refused.success and (Path(lake.root) / tenant_id).exists()
+
+    acts.depart(conn, keys, at=dt.datetime.now(dt.UTC) - dt.timedelta(days=3))
+    sensor = defs.get_sensor_def("departure_sensor")
+    with build_sensor_context(
+        instance_ref=instance.get_ref(), definitions=defs, resources=build_resources()
+    ) as context:
+        data = sensor.evaluate_tick(context)
+    assert [r.partition_key for r in data.run_requests] == [tenant_id]
+    request = data.run_requests[0]
+
+    purged = defs.resolve_job_def("tenant_purge_job").execute_in_process(
+        partition_key=tenant_id, instance=instance, run_config=request.run_config
+    )
+    assert purged.success
+    assert not (Path(lake.root) / tenant_id).exists()
+    assert (Path(lake.root) / other.tenant_id).exists()
+    partitions = instance.get_dynamic_partitions(TENANT_PARTITIONS_NAME)
+    assert tenant_id not in partitions and other.tenant_id in partitions
+    left = instance.get_run_records(RunsFilter(tags={"dagster/partition": tenant_id}))
+    assert [r.dagster_run.run_id for r in left] == [purged.run_id]
+    assert instance.get_run_records(RunsFilter(tags={"dagster/partition": other.tenant_id}))
+    made = purge.receipt(conn, tenant_id)
+    assert made is not None and purged.run_id in made["requested_by"]
+    assert made["requested_by"].startswith("departure_sensor")

@@ -110,13 +110,14 @@ def overdue_departures(
 def due_for_purge(
     conn: psycopg.Connection, grace: dt.timedelta, now: dt.datetime | None = None
 ) -> list[str]:
-    """The departed tenants not purged whose grace period since departure is over: what the
-    purge sensor starts a purge for."""
+    """The departed tenants not purged whose grace period since departure is over (`grace`, or
+    half the tenant's erasure bound when that is shorter, so the purge lands within the bound):
+    what the departure sensor starts a purge for."""
     moment = now or dt.datetime.now(dt.UTC)
     return [
         d.tenant_id
         for d in departures(conn)
-        if d.purge_state != PURGED and moment >= d.departed_at + grace
+        if d.purge_state != PURGED and moment >= d.departed_at + min(grace, d.bound / 2)
     ]
 
 
