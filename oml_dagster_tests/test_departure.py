@@ -8,6 +8,10 @@ import datetime as dt
 import json
 import os
 import random
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -288,6 +292,59 @@ def test_a_purge_killed_at_random_points_finishes_on_rerun(conn, lake, departing
     assert finished["listing_after"] == [] and finished["objects"] > 0
     assert writer_rows(conn, tenant_id)["lake_frontier"] == 0
     assert tree_bytes(root, tenant_id) == neighbours
+
+
+def purge_state(conn, tenant_id: str) -> str | None:
+    row = conn.execute(
+        "SELECT state FROM oml.lake_tenant_purge WHERE tenant_id = %s", (tenant_id,)
+    ).fetchone()
+    return row[0] if row else None
+
+
+def test_a_purge_command_killed_after_random_delays_finishes_on_rerun(conn, dsn, lake, departing):
+    """`oml-lake tenant purge` killed (SIGKILL) at random: first after a random delay (before or
+    during its drain), then each time a random moment after its record appears (while it
+    deletes). Bounded: six kills at most; then one run to the end."""
+    tenant_id, other = departing
+    root = Path(lake.root)
+    # Probe keys a crashed conditional-put probe left under the prefix: they go too, and they
+    # make the deletion long enough to be killed in.
+    probes = root / tenant_id / "_oml_probe"
+    probes.mkdir(parents=True)
+    for i in range(3000):
+        (probes / f"{i:05d}").write_bytes(b"first")
+    neighbours = tree_bytes(root, tenant_id)
+    rng = random.Random(4646)
+    command = [sys.executable, "-m", "oml_dagster.cli", "tenant", "purge", "--tenant", tenant_id]
+    env = {**os.environ, "OML_PG_DSN": dsn, "OML_LAKE_URI": lake.root}
+    states = []
+    for attempt in range(6):
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if attempt == 0:
+            deadline = time.monotonic() + rng.uniform(0.3, 1.5)
+        else:
+            deadline = time.monotonic() + 60
+            while purge_state(conn, tenant_id) is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            deadline = time.monotonic() + rng.uniform(0.0, 0.05)
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        states.append((process.returncode, purge_state(conn, tenant_id)))
+        assert tree_bytes(root, tenant_id) == neighbours
+        if process.returncode == EXIT_OK:
+            break
+    # At least one run was killed with its purge under way (recorded, not finished).
+    assert (-signal.SIGKILL, purge.PURGING) in states, states
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_OK, done.stderr
+    made = json.loads(done.stdout)
+    assert made["listing_after"] == [] and made["objects"] > 0
+    assert not (root / tenant_id).exists()
+    assert tree_bytes(root, tenant_id) == neighbours
+    assert writer_rows(conn, tenant_id)["lake_frontier"] == 0
 
 
 def test_a_departed_tenant_past_its_deadline_is_a_breach_until_purged(conn, lake):
