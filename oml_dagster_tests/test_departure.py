@@ -29,6 +29,7 @@ from oml_dagster.lake.model.tables import BRONZE_EVENTS, SILVER_CLAIMS
 from oml_dagster.lake.policy import known_tenants
 from oml_dagster.lake.queries import cross_scope, tenant_scope
 from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.store.reads import read_rows
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.dagster_support import materialize_partition
 from oml_dagster_tests.helpers import claim, drain_all, holds, make_tree
@@ -432,6 +433,10 @@ def test_the_tenant_commands_export_verify_and_purge_with_named_exit_codes(
     assert files_holding(Path(lake.root), erased) == []
     code, out, _ = run(capsys, "tenant", "receipt", "--tenant", tenant_id)
     assert code == EXIT_OK and json.loads(out) == made
+    code, _, err = run(
+        capsys, "tenant", "export", "--tenant", tenant_id, "--to", str(tmp_path / "late")
+    )
+    assert code == EXIT_USAGE and "nothing of its lake is left" in err
     code, out, _ = run(capsys, "doctor")
     assert code == EXIT_OK and tenant_id not in out
 
@@ -444,7 +449,8 @@ def test_the_dagster_jobs_export_and_purge_and_the_partition_is_gone(
 ):
     keys, _, _ = populated(conn, lake)
     tenant_id = keys.tenant_id
-    other, _, _ = populated(conn, lake)
+    other = producer.create_tenant(conn)
+    make_tree(conn, other)
     materialize_partition(defs, instance, "lake_writer_job", tenant_id)
     materialize_partition(defs, instance, "lake_writer_job", other.tenant_id)
     target = tmp_path / "export"
@@ -483,3 +489,20 @@ def test_the_dagster_jobs_export_and_purge_and_the_partition_is_gone(
     made = purge.receipt(conn, tenant_id)
     assert made is not None and purged.run_id in made["requested_by"]
     assert made["requested_by"].startswith("departure_sensor")
+
+
+def test_simulate_depart_marks_tenants_departed_with_a_chained_event(conn, dsn, lake, capsys):
+    code, out, _ = run(
+        capsys,
+        *("simulate", "--tenants", "2", "--claims", "5", "--depart", "1", "--verify"),
+        "--no-progress",
+    )
+    assert code == EXIT_OK, out
+    gone = [d.tenant_id for d in purge.departures(conn)]
+    assert len(gone) == 1 and f"departed tenant {gone[0]}" in out
+    drain_all(conn, lake)
+    bronze = lake.open(lake.table_uri(gone[0], BRONZE_EVENTS))
+    last = max(read_rows(bronze, BRONZE_EVENTS), key=lambda r: r["journal_seq"])
+    assert last["event_type"] == "tenant.departed"
+    made = purge.purge_tenant(conn, lake, gone[0], by="test")
+    assert made["listing_after"] == [] and made["writer_rows"]["lake_frontier"] >= 4

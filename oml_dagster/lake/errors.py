@@ -97,3 +97,8 @@ class ExportTargetRefused(LakeError):
 class PurgeUnfinished(LakeError):
     """A purge could not leave the tenant's prefix empty or its outbox drained; the message names
     what is left. Running the purge again continues where it stopped."""
+
+
+class TenantPurged(LakeError):
+    """An export was asked of a tenant whose purge has started or finished: nothing of its lake
+    is left to copy (its receipt says what was removed)."""

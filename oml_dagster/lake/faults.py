@@ -31,6 +31,7 @@ from oml_dagster.lake.errors import (
     PostgresUnreachable,
     RequeueError,
     TenantNotDeparted,
+    TenantPurged,
     UnknownTenant,
     UnsupportedObjectStore,
     VerdictConflict,
@@ -343,7 +344,7 @@ def _own(error: BaseException) -> Fault | None:
         return Fault(False, "refused", "", str(error), EXIT_USAGE)
     if isinstance(error, UnknownTenant):
         return Fault(False, "unknown tenant", "", str(error), EXIT_USAGE)
-    if isinstance(error, (TenantNotDeparted, ExportTargetRefused)):
+    if isinstance(error, (TenantNotDeparted, TenantPurged, ExportTargetRefused)):
         return Fault(False, "refused", "", str(error), EXIT_USAGE)
     if isinstance(error, BatchTimeout):
         return Fault(

@@ -30,6 +30,7 @@ import psycopg
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from oml_dagster.lake import queries
 from oml_dagster.lake.audit.reconcile import (
     CheckResult,
     LakeSnapshot,
@@ -38,7 +39,7 @@ from oml_dagster.lake.audit.reconcile import (
     check_erased,
     public_keys,
 )
-from oml_dagster.lake.errors import ExportTargetRefused
+from oml_dagster.lake.errors import ExportTargetRefused, TenantPurged
 from oml_dagster.lake.model.tables import (
     APP_ID,
     BRONZE_EVENTS,
@@ -50,6 +51,7 @@ from oml_dagster.lake.model.tables import (
     writer_properties,
 )
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
+from oml_dagster.lake.queries import tenant_scope
 from oml_dagster.lake.store import conditional_put
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import read_table, tenant_tables
@@ -201,6 +203,13 @@ def export_tenant(
     `after_table(name)` is called after each table commits (a crash seam for tests, progress
     for a caller)."""
     refuse_inside_lake(lake, target.root)
+    with tenant_scope(conn, tenant_id):
+        purged = conn.execute(queries.PURGE_ROW, (tenant_id,)).fetchone()
+    if purged is not None:
+        raise TenantPurged(
+            f"tenant {tenant_id}: its purge started at {purged[2]:%Y-%m-%dT%H:%M:%SZ} "
+            f"({purged[0]}); nothing of its lake is left to export"
+        )
     target = target.checked()
     source = lake.for_tenant(tenant_id)
     fs = target_filesystem(target)
