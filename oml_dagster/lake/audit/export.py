@@ -22,13 +22,15 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 import psycopg
+import pyarrow as pa
 import pyarrow.fs as pafs
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
 
 from oml_dagster.lake import queries
 from oml_dagster.lake.audit.reconcile import (
@@ -54,7 +56,7 @@ from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
 from oml_dagster.lake.queries import tenant_scope
 from oml_dagster.lake.store import conditional_put
 from oml_dagster.lake.store.layout import Lake
-from oml_dagster.lake.store.reads import read_table, tenant_tables
+from oml_dagster.lake.store.reads import conform, read_table, tenant_tables
 
 PLAN = "export-plan.json"
 MANIFEST = "manifest.json"
@@ -144,6 +146,19 @@ def _spec_of(name: str) -> TableSpec:
         if spec.name == spec_name:
             return spec
     raise ValueError(f"no table kind {spec_name!r}")
+
+
+def _live_rows(table: DeltaTable, spec: TableSpec) -> pa.RecordBatchReader:
+    """The table's rows at its loaded version, batch by batch in the spec's types: a copy holds
+    one batch in memory at a time, not the table."""
+    found = QueryBuilder().register("t", table).execute("SELECT * FROM t")
+    stream = pa.RecordBatchReader.from_stream(found)
+
+    def conformed() -> Iterator[pa.RecordBatch]:
+        for batch in stream:
+            yield from conform(pa.Table.from_batches([batch]), spec).to_batches()
+
+    return pa.RecordBatchReader.from_batches(spec.schema, conformed())
 
 
 def _journal_head(table: DeltaTable) -> dict[str, Any]:
@@ -258,10 +273,9 @@ def export_tenant(
             where = source.table_uri(tenant_id, spec, TableId.parse(name).workarea_id)
             original = source.open(where, version=entry["source_version"])
             assert original is not None  # a version the log no longer holds raises
-            data = read_table(original, spec)
             write_deltalake(
                 uri,
-                data,
+                _live_rows(original, spec),
                 mode="error",
                 partition_by=list(spec.partition_by) or None,
                 configuration=_configuration(spec),
