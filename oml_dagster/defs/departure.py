@@ -41,9 +41,6 @@ from .partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from .resources import DeploymentSettings, LakeResource, PostgresResource
 from .shards import PARTITION_TAG
 
-# Runs deleted per query of the run storage (the loop ends when a query finds none).
-RUNS_PER_QUERY = 200
-
 
 class ExportConfig(Config):
     """Where the export goes: an empty local path or `s3://` prefix outside the lake."""
@@ -80,21 +77,17 @@ def export_tenant(
     )
 
 
-def forget_tenant(instance: DagsterInstance, tenant_id: str, keep_run: str | None = None) -> int:
-    """Delete what the instance keeps of a purged tenant: every run of its partition but
-    `keep_run` (record, tags, event log), its asset partitions' materializations and its
-    dynamic partition. Returns the runs deleted."""
-    deleted = 0
-    while True:
-        records = instance.get_run_records(
-            RunsFilter(tags={PARTITION_TAG: tenant_id}), limit=RUNS_PER_QUERY
-        )
-        doomed = [r.dagster_run.run_id for r in records if r.dagster_run.run_id != keep_run]
-        if not doomed:
-            break
-        for run_id in doomed:
-            instance.delete_run(run_id)
-        deleted += len(doomed)
+def forget_tenant(instance: DagsterInstance, tenant_id: str) -> int:
+    """Delete what the instance keeps of a purged tenant: every run of its partition but its
+    purge runs, kept as the Dagster side of the receipt (record, tags, event log), its asset
+    partitions' materializations and its dynamic partition. Returns the runs deleted."""
+    records = instance.get_run_records(RunsFilter(tags={PARTITION_TAG: tenant_id}))
+    doomed = [
+        r.dagster_run.run_id for r in records if r.dagster_run.job_name != tenant_purge_job.name
+    ]
+    for run_id in doomed:
+        instance.delete_run(run_id)
+    deleted = len(doomed)
     keys: list[AssetKey] = [*LAKE_ASSET_KEYS, ERASURE_EVIDENCE]
     for key in keys:
         # The materializations went with the runs' event logs; this also drops the asset index
@@ -117,7 +110,7 @@ def purge_tenant(
     by = f"{config.by} (dagster run {context.run_id})"
     with postgres.connect() as conn:
         made = purge.purge_tenant(conn, lake.get_lake(), tenant_id, by=by)
-    runs = forget_tenant(context.instance, tenant_id, keep_run=context.run_id)
+    runs = forget_tenant(context.instance, tenant_id)
     context.log.info(
         f"tenant {tenant_id} purged: {made['objects']} objects ({made['bytes']} bytes), "
         f"{runs} runs of its partition deleted, its partition deleted"
