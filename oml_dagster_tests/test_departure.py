@@ -426,6 +426,11 @@ def test_the_tenant_commands_export_verify_and_purge_with_named_exit_codes(
     for command in ("doctor", "erasure-evidence"):
         code, out, _ = run(capsys, command)
         assert code == EXIT_FINDINGS and f"BREACH: departed tenant {tenant_id}" in out, command
+    code, out, _ = run(capsys, "doctor", "--json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    overdue = [line for line in lines if "departure" in line]
+    assert code == EXIT_FINDINGS and [line["tenant_id"] for line in overdue] == [tenant_id]
+    assert overdue[0]["ok"] is False and overdue[0]["departure"]["purge_state"] is None
     code, out, _ = run(capsys, "tenant", "purge", "--tenant", tenant_id, "--by", "ops")
     assert code == EXIT_OK
     made = json.loads(out)
