@@ -410,7 +410,7 @@ ERASURE_BOUND = "SELECT lake_erasure_bound FROM oml.tenant_policy WHERE tenant_i
 OUTBOX_LAG = "SELECT count(*), min(created_at) FROM oml.outbox WHERE tenant_id = %s AND seq > %s"
 
 
-# --- a tenant's departure (audit/departure.py; migration 0005, ADR 0075, 0076) ------------------
+# --- a tenant's departure (audit/export.py, audit/purge.py; migration tenant_departure) -------
 
 DEPARTED_AT = "SELECT departed_at, lake_erasure_bound FROM oml.tenant_policy WHERE tenant_id = %s"
 # Every departed tenant, its bound and how far its purge got (cross scope).
