@@ -18,6 +18,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from dagster import RunsFilter, build_sensor_context
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oml_dagster.cli import main as cli_main
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
@@ -110,6 +112,11 @@ def test_verify_export_names_a_tampered_file(conn, lake, tmp_path):
     check = export.verify_export(Lake(str(target)))
     assert not check.ok
     assert any(line.startswith(victim) and "SHA-256" in line for line in check.findings)
+    # A log entry gone: named as missing, and the table no longer opens as it was.
+    log = next(f["path"] for f in silver["files"] if "/_delta_log/" in f["path"])
+    (target / log).unlink()
+    check = export.verify_export(Lake(str(target)))
+    assert f"{log}: listed in the manifest, missing" in check.findings
 
 
 def test_verify_export_catches_a_forged_journal_even_with_a_matching_manifest(conn, lake, tmp_path):
@@ -512,3 +519,28 @@ def test_simulate_depart_marks_tenants_departed_with_a_chained_event(conn, dsn, 
     assert last["event_type"] == "tenant.departed"
     made = purge.purge_tenant(conn, lake, gone[0], by="test")
     assert made["listing_after"] == [] and made["writer_rows"]["lake_frontier"] >= 4
+
+
+segment = st.text(alphabet="abcdefghij0123456789-_.", min_size=1, max_size=8).filter(
+    lambda s: s not in (".", "..")
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    root=st.lists(segment, min_size=1, max_size=3),
+    below=st.lists(segment, min_size=0, max_size=3),
+    suffix=segment,
+    s3=st.booleans(),
+)
+def test_a_target_under_the_lake_root_is_refused_and_a_sibling_sharing_its_name_is_not(
+    root, below, suffix, s3
+):
+    base = "s3://bucket/" if s3 else "/srv/"
+    lake = Lake(base + "/".join(root))
+    with pytest.raises(ExportTargetRefused):
+        export.refuse_inside_lake(lake, "/".join([lake.root, *below]))
+    # A path that extends the root's last name as a string is beside it, not under it.
+    export.refuse_inside_lake(lake, lake.root + suffix)
+    if s3:
+        export.refuse_inside_lake(lake, f"s3://other-bucket/{'/'.join(root)}")
