@@ -12,6 +12,7 @@ from oml_dagster.defs.analytics import (
 )
 from oml_dagster.defs.assets import lake_tables, outbox
 from oml_dagster.defs.checks import LAKE_CHECKS, build_reconcile_schedule, erasure_evidence_asset
+from oml_dagster.defs.departure import DEPARTURE_JOBS, build_departure_sensor
 from oml_dagster.defs.freshness import (
     FreshnessSettings,
     build_freshness_check,
@@ -40,10 +41,12 @@ def build_definitions(env: Env | None = None) -> Definitions:
             *MAINTENANCE_JOBS,
             lake_analytics_job,
             lake_freshness_job,
+            *DEPARTURE_JOBS,
         ],
         sensors=[
             build_outbox_sensor(deployment),
             build_freshness_sensor(freshness, deployment.autostart),
+            build_departure_sensor(deployment),
         ],
         schedules=[
             build_reconcile_schedule(deployment),

@@ -94,3 +94,11 @@ def erasure_cadence(env: Env | None = None) -> dt.timedelta:
     """The maintenance cadence the erasure evidence allows past the bound:
     OML_ERASURE_CADENCE_SECONDS (default: a day)."""
     return dt.timedelta(seconds=ERASURE_CADENCE_SECONDS.read(env))
+
+
+def export_target(uri: str, env: Env | None = None) -> Lake:
+    """Where a tenant's export goes: a local path, or an object-store prefix reached with the
+    lake's shared storage options (OML_LAKE_STORAGE_OPTIONS and the `AWS_*` variables; never a
+    tenant's own set, which reaches only that tenant's prefix of the lake)."""
+    shared = lake_storage_options(env) if "://" in uri and not uri.startswith("file://") else {}
+    return Lake(uri, shared).with_store_defaults()

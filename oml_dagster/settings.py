@@ -381,6 +381,13 @@ ERASURE_CADENCE_SECONDS: Setting[int] = _count_setting(
     "The maintenance cadence the erasure evidence allows on top of the erasure bound.",
     what="whole seconds",
 )
+PURGE_GRACE_SECONDS: Setting[float] = _seconds_setting(
+    "OML_PURGE_GRACE_SECONDS",
+    172_800.0,
+    "How long after a tenant's departure the departure sensor starts its purge (time for an "
+    "export on request); at most half the tenant's erasure bound, so the purge lands within it.",
+    zero=True,
+)
 
 SETTINGS: tuple[Setting[Any], ...] = (
     PG_DSN,
@@ -407,6 +414,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     ZORDER_CRON,
     VACUUM_CRON,
     ERASURE_CADENCE_SECONDS,
+    PURGE_GRACE_SECONDS,
     RETRY_ATTEMPTS,
     RETRY_SECONDS,
     PG_CONNECT_SECONDS,

@@ -148,6 +148,8 @@ def test_jobs_are_pinned(repo):
         "lake_writer_shard_job",
         "lake_analytics_job",
         "lake_freshness_job",
+        "tenant_export_job",
+        "tenant_purge_job",
         *(j.name for j in maintenance.MAINTENANCE_JOBS),
     }
     assert names == expected
@@ -176,7 +178,8 @@ def test_jobs_are_pinned(repo):
 
 def test_sensors_and_schedules_are_pinned(repo):
     sensors = {s.name: s for s in repo.sensor_defs}
-    assert set(sensors) == {"outbox_sensor", "lake_freshness_sensor"}
+    assert set(sensors) == {"outbox_sensor", "lake_freshness_sensor", "departure_sensor"}
+    assert sensors["departure_sensor"].job_name == "tenant_purge_job"
     sensor = sensors["outbox_sensor"]
     assert {t.job_name for t in sensor.targets} == {"lake_writer_job", "lake_writer_shard_job"}
     assert sensor.minimum_interval_seconds == 30

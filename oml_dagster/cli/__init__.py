@@ -33,6 +33,7 @@ from oml_dagster.lake.audit.doctor import (
     lost_tables,
 )
 from oml_dagster.lake.audit.erasure import APPLIED
+from oml_dagster.lake.audit.purge import overdue_departures
 from oml_dagster.lake.audit.reconcile import reconcile
 from oml_dagster.lake.errors import RequeueError
 from oml_dagster.lake.faults import (
@@ -57,6 +58,7 @@ from oml_dagster.settings import DEBUG, WRITER_PASSWORD
 from . import analytics as analytics_cli
 from . import lake_tables as lake_tables_cli
 from . import maintenance as maintenance_cli
+from . import tenant as tenant_cli
 from .output import OutputClosed
 from .output import out as _print
 from .panics import native_panics_filtered, terminal_stderr
@@ -312,7 +314,30 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
                     f"  FINDING: a lost lake: {len(lost)} tables the frontier records are missing "
                     f"({', '.join(lost)}); the evidence covers what is left: backfill the tenant"
                 )
+        unwell |= _overdue_departures(conn, args)
     return EXIT_FINDINGS if unwell else EXIT_OK
+
+
+def _overdue_departures(conn, args: argparse.Namespace) -> bool:
+    """Print each departed tenant (of those named, or every one) past its deadline and not
+    purged: a breach in `doctor` and `erasure-evidence` alike. Whether there was one."""
+    named = [str(t).lower() for t in args.tenant] if args.tenant else None
+    found = overdue_departures(conn, tenants=named)
+    for departure in found:
+        if args.json:
+            _print(
+                json.dumps(
+                    {
+                        "tenant_id": departure.tenant_id,
+                        "ok": False,
+                        "departure": departure.as_dict(),
+                        "findings": [departure.finding()],
+                    }
+                )
+            )
+        else:
+            _print(f"BREACH: {departure.finding()}")
+    return bool(found)
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -359,6 +384,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             )
             for problem in health.problems:
                 _print(f"  {problem}")
+        unwell |= _overdue_departures(conn, args)
     return EXIT_FINDINGS if unwell else EXIT_OK
 
 
@@ -444,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_checks(sub)
     _register_deadletter(sub)
     maintenance_cli.register(sub)
+    tenant_cli.register(sub)
     analytics_cli.register(sub)
     lake_tables_cli.register(sub)
     register_simulate(sub)

@@ -59,6 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="afterwards verify the written tenants' chains, bodies, erasures and areas",
     )
+    sim.add_argument(
+        "--depart",
+        type=int,
+        default=0,
+        metavar="N",
+        help="afterwards the first N tenants depart (a tenant.departed act, departed_at set)",
+    )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sim.set_defaults(func=cmd_simulate)
 
@@ -124,6 +131,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"oml-lake simulate: {error}", file=sys.stderr)
         return EXIT_PERMANENT
     _report(report, workload, config)
+    if args.depart:
+        from oml_dagster.simulate import acts, producer
+
+        with from_settings.connect() as conn:
+            for tenant_id in report.tenants[: args.depart]:
+                acts.depart(conn, producer.load_tenant(conn, tenant_id))
+                _print(f"  departed tenant {tenant_id}")
     if not args.verify:
         return EXIT_OK
     with from_settings.connect() as conn:

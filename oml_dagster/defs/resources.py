@@ -33,6 +33,7 @@ from oml_dagster.settings import (
     DAGSTER_AUTOSTART,
     DRAIN_SHARDS,
     ERASURE_CADENCE_SECONDS,
+    PURGE_GRACE_SECONDS,
     RECONCILE_CRON,
     RUN_DRAIN_SECONDS,
     SCHEDULE_TIMEZONE,
@@ -206,6 +207,7 @@ class DeploymentSettings:
     compact_cron: str = COMPACT_CRON.default
     zorder_cron: str = ZORDER_CRON.default
     vacuum_cron: str = VACUUM_CRON.default
+    purge_grace_seconds: float = PURGE_GRACE_SECONDS.default
 
     @property
     def schedule_status(self) -> DefaultScheduleStatus:
@@ -226,4 +228,5 @@ class DeploymentSettings:
             compact_cron=COMPACT_CRON.read(env),
             zorder_cron=ZORDER_CRON.read(env),
             vacuum_cron=VACUUM_CRON.read(env),
+            purge_grace_seconds=PURGE_GRACE_SECONDS.read(env),
         )

@@ -82,3 +82,23 @@ class TenantCredentialsRefused(LakeError):
     """The object store refused a tenant's own credentials on its prefix (the conditional-put
     probe, before the tenant's first table is opened); the message names the tenant and where
     its credentials were read."""
+
+
+class TenantNotDeparted(LakeError):
+    """A purge was asked for a tenant PostgreSQL does not say departed (`tenant_policy.departed_at`
+    is NULL, or the tenant has no policy row): refused before anything is removed."""
+
+
+class ExportTargetRefused(LakeError):
+    """An export's target is not empty (and holds no unfinished export of the same tenant), or it
+    lies under the lake root: refused before anything is written."""
+
+
+class PurgeUnfinished(LakeError):
+    """A purge could not leave the tenant's prefix empty or its outbox drained; the message names
+    what is left. Running the purge again continues where it stopped."""
+
+
+class TenantPurged(LakeError):
+    """An export was asked of a tenant whose purge has started or finished: nothing of its lake
+    is left to copy (its receipt says what was removed)."""

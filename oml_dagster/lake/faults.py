@@ -25,10 +25,13 @@ import psycopg
 from oml_dagster.lake.errors import (
     BatchTimeout,
     ConflictingCommit,
+    ExportTargetRefused,
     InvalidSetting,
     LakeError,
     PostgresUnreachable,
     RequeueError,
+    TenantNotDeparted,
+    TenantPurged,
     UnknownTenant,
     UnsupportedObjectStore,
     VerdictConflict,
@@ -341,6 +344,8 @@ def _own(error: BaseException) -> Fault | None:
         return Fault(False, "refused", "", str(error), EXIT_USAGE)
     if isinstance(error, UnknownTenant):
         return Fault(False, "unknown tenant", "", str(error), EXIT_USAGE)
+    if isinstance(error, (TenantNotDeparted, TenantPurged, ExportTargetRefused)):
+        return Fault(False, "refused", "", str(error), EXIT_USAGE)
     if isinstance(error, BatchTimeout):
         return Fault(
             False,

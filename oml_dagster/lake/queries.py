@@ -144,6 +144,7 @@ PENDING_TENANTS = """
                    WHERE table_name NOT LIKE 'gold.curated/%%' GROUP BY tenant_id) f
           ON f.tenant_id = s.tenant_id
         WHERE s.last_seq > COALESCE(f.drained, 0)
+          AND NOT EXISTS (SELECT 1 FROM oml.lake_tenant_purge p WHERE p.tenant_id = s.tenant_id)
     """
 PENDING_TENANTS_OF = " AND s.tenant_id = ANY(%s::uuid[])"
 PENDING_TENANTS_ORDER = " ORDER BY s.tenant_id"
@@ -395,9 +396,11 @@ MARK_REQUEUED = (
 # tenant that ever had an op sequenced has a sequencer row (covers ops enqueued without a policy).
 # The union is taken over uuids and sorted by the caller: at 10,000 tenants that is about a third
 # cheaper than a union over text, and much cheaper than ORDER BY under a locale collation.
+# A tenant whose purge has started is no longer one (`oml.lake_tenant_purge`, ADR 0076).
 KNOWN_TENANTS = """
 SELECT tenant_id::text FROM (
     SELECT tenant_id FROM oml.tenant_policy UNION SELECT tenant_id FROM oml.sequencer_tenant
+    EXCEPT SELECT tenant_id FROM oml.lake_tenant_purge
 ) known
 """
 # Whether any outbox row names the tenant (a producer's first ops, not yet sequenced).
@@ -406,6 +409,39 @@ ERASURE_BOUND = "SELECT lake_erasure_bound FROM oml.tenant_policy WHERE tenant_i
 # (ops sequenced above a seq, the oldest one's created_at) of a tenant.
 OUTBOX_LAG = "SELECT count(*), min(created_at) FROM oml.outbox WHERE tenant_id = %s AND seq > %s"
 
+
+# --- a tenant's departure (audit/export.py, audit/purge.py; migration tenant_departure) -------
+
+DEPARTED_AT = "SELECT departed_at, lake_erasure_bound FROM oml.tenant_policy WHERE tenant_id = %s"
+# Every departed tenant, its bound and how far its purge got (cross scope).
+DEPARTURES = """
+SELECT p.tenant_id::text, p.departed_at, p.lake_erasure_bound, r.state, r.finished_at
+FROM oml.tenant_policy p LEFT JOIN oml.lake_tenant_purge r ON r.tenant_id = p.tenant_id
+WHERE p.departed_at IS NOT NULL
+ORDER BY p.tenant_id
+"""
+PURGE_ROW = (
+    "SELECT state, requested_by, started_at, finished_at, removed, receipt"
+    " FROM oml.lake_tenant_purge WHERE tenant_id = %s"
+)
+PURGE_START = (
+    "INSERT INTO oml.lake_tenant_purge (tenant_id, state, requested_by, removed)"
+    " VALUES (%s, 'purging', %s, %s) ON CONFLICT (tenant_id) DO NOTHING"
+)
+PURGE_REMOVED = (
+    "UPDATE oml.lake_tenant_purge SET removed = %s WHERE tenant_id = %s AND state = 'purging'"
+)
+PURGE_FINISH = (
+    "UPDATE oml.lake_tenant_purge SET state = 'purged', finished_at = %s, receipt = %s"
+    " WHERE tenant_id = %s AND state = 'purging'"
+)
+OUTBOX_UNSEQUENCED = "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND seq IS NULL"
+# The writer's own records of a tenant, removed by its purge (table name, statement).
+PURGE_WRITER_ROWS = (
+    ("lake_frontier", "DELETE FROM oml.lake_frontier WHERE tenant_id = %s"),
+    ("lake_verdicts", "DELETE FROM oml.lake_verdicts WHERE tenant_id = %s"),
+    ("lake_dead_letter", "DELETE FROM oml.lake_dead_letter WHERE tenant_id = %s"),
+)
 
 # --- row-level security scopes (migration 0004, ADR 0049) --------------------------------------
 #

@@ -301,3 +301,19 @@ demote_edge = _committed(demote_edge_act)
 upsert_area = _committed(upsert_area_act)
 reparent_area = _committed(reparent_area_act)
 validate_area = _committed(validate_area_act)
+
+
+def depart(conn: psycopg.Connection, keys: TenantKeys, at: dt.datetime | None = None) -> int:
+    """The tenant leaves (DESIGN "A tenant's departure"): its last journalled act, a
+    `tenant.departed` event (no lake op besides its bronze row), and `tenant_policy.departed_at`
+    set in the same transaction."""
+    when = at or _now()
+    event = Event("tenant.departed", {"at": instant(when)})
+
+    def mark(connection: psycopg.Connection) -> None:
+        connection.execute(
+            "UPDATE oml.tenant_policy SET departed_at = %s WHERE tenant_id = %s",
+            (when, keys.tenant_id),
+        )
+
+    return _commit(conn, keys, Act(event, []), at=when, before_commit=mark)

@@ -122,6 +122,22 @@ def create_tenant(
     return keys
 
 
+def load_tenant(
+    conn: psycopg.Connection, tenant_id: str, principal: str = "agent:writer"
+) -> TenantKeys:
+    """The keys of a tenant `create_tenant` made earlier (its first api key), to act for it
+    again."""
+    row = conn.execute(
+        "SELECT api_key_id, private_key FROM oml_sim.signing_keys WHERE tenant_id = %s"
+        " ORDER BY api_key_id LIMIT 1",
+        (tenant_id,),
+    ).fetchone()
+    if row is None:
+        raise LookupError(f"tenant {tenant_id} has no signing key in oml_sim.signing_keys")
+    private = Ed25519PrivateKey.from_private_bytes(bytes(row[1]))
+    return TenantKeys(tenant_id, row[0], private, principal)
+
+
 @dataclass
 class Body:
     """A claim body sealed under a fresh per-artifact DEK."""
