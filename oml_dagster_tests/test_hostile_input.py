@@ -25,6 +25,7 @@ from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.conftest import curated_rows
 from oml_dagster_tests.helpers import (
+    BeforeEachCommit,
     LakeView,
     claim,
     dead_letters,
@@ -437,5 +438,5 @@ def test_a_conflict_that_never_ends_names_its_cause(conn, lake, tenant):
 
     config = WriterConfig(max_commit_attempts=1)
     with pytest.raises(ConflictingCommit) as raised:
-        drain_tenant(conn, lake, tenant.tenant_id, config, before_commit=racing_writer)
+        drain_tenant(conn, lake, tenant.tenant_id, config, commits=BeforeEachCommit(racing_writer))
     assert isinstance(raised.value.__cause__, CommitFailedError)

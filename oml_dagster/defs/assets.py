@@ -165,8 +165,8 @@ def _summary(passes: list[DrainPass], results: list[BatchResult], metadata: dict
     commits: Counter[str] = Counter()
     rows: Counter[str] = Counter()
     for t in (t for r in results for t in r.tables):
-        commits[t.table] += t.action in COMMITS
-        rows[t.table] += t.rows
+        commits[t.name] += t.action in COMMITS
+        rows[t.name] += t.rows
     tables = ", ".join(f"{name} {commits[name]} commits {rows[name]} rows" for name in rows)
     run = next(iter(metadata.values()))  # the run's bounds and counts, the same for every table
     lag_ops = max((m.get("lag_ops", 0) for m in metadata.values()), default=0)

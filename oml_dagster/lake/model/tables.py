@@ -258,7 +258,7 @@ BODY_REFS = ("lake", "object")
 # holds an op's effect (it committed that batch before a crash) must not take it twice.
 
 Row = dict[str, Any]
-Key = tuple
+Key = tuple[Any, ...]
 
 
 @dataclass
@@ -280,6 +280,10 @@ class KeyedWork:
 
     def get(self, key: Key) -> Row | None:
         return self.rows.get(key)
+
+    def held(self, key: Key) -> Row:
+        """The row of `key`, which the caller knows is held (KeyError otherwise)."""
+        return self.rows[key]
 
     def values(self) -> Iterator[Row]:
         return iter(self.rows.values())
@@ -312,7 +316,7 @@ class KeyedWork:
         """Whether every row's key is one the table version the fold read did not hold."""
         return all(self.key_of(r) in self.absent for r in rows)
 
-    def clustered(self, rows: Iterable[Row]) -> list[tuple] | None:
+    def clustered(self, rows: Iterable[Row]) -> list[tuple[Any, ...]] | None:
         """The clustering (`zorder_by`) values, as the table holds them, of the rows among `rows`
         the table holds; None when the table has no clustering or a row's key was neither found
         nor looked for (where its row lies is unknown)."""

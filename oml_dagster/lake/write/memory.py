@@ -132,7 +132,7 @@ class MemoryGovernor:
         if ops < self.sample_ops:
             return
         peak = peak_mib()
-        if peak is not None:
+        if peak is not None and self.budget_mib is not None:
             self.current = next_cap(
                 self.current, ops, self._before, peak, self.budget_mib, self._floor
             )
