@@ -255,7 +255,7 @@ def test_taking_turns_visits_every_tenant_within_its_share_of_ticks(tenants, mos
 def test_a_tick_hands_the_daemon_a_bounded_share_of_many_tenants(
     conn, lake, defs, instance, monkeypatch
 ):
-    """Issue 35: the daemon adds each new partition and stores each event with a storage
+    """The daemon adds each new partition and stores each event with a storage
     connection of its own, so a tick adds at most MOST_NEW_PARTITIONS_PER_TICK partitions and
     reports the outbox of at most MOST_OUTBOX_EVENTS_PER_TICK tenants, in turns; runs are asked
     only for tenants that are partitions; the rest come on the next ticks."""

@@ -98,15 +98,15 @@ ANY_JOINS = "SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO
 
 # The cut's own settings, for its transaction: no JIT (a cut of 100,000 rows passes the
 # planner's JIT threshold and compiled 14 functions it then ran once: 0.1-0.3 s of a 2.5-2.9 s
-# cut) and room to number the cut in memory (the default 4 MB sorted 100,000 rows on disk).
-# bench/RESULTS.md, issue 35.
+# cut) and room to number the cut in memory (the default 4 MB sorted 100,000 rows on disk;
+# bench/RESULTS.md).
 CUT_SETTINGS = "SET LOCAL jit = off; SET LOCAL work_mem = '64MB'"
 
 # Whether any row is unsequenced: the first entry of outbox_unsequenced, which the ORDER BY
 # makes the planner read whatever its statistics say. The counts below are run only when it
 # finds one: right after a large cut the statistics still count the rows it numbered as
 # unsequenced, and the planner scanned the whole outbox for them (80 ms per 200,000 rows,
-# twice per cut that found nothing: a drain until idle made one per pass. Issue 35).
+# twice per cut that found nothing, and a drain until idle made one per pass).
 ANY_UNSEQUENCED = (
     "SELECT 1 FROM oml.outbox WHERE seq IS NULL ORDER BY tenant_id, journal_seq, id LIMIT 1"
 )
@@ -117,7 +117,7 @@ SEQUENCE_PENDING = (
 )
 
 # Every tenant of a cut in one statement (one round trip per tenant was a second per 1,000
-# tenants' cut on a loaded machine: issue 35).
+# tenants' cut on a loaded machine).
 SEQUENCER_TENANT_UPSERT = (
     "INSERT INTO oml.sequencer_tenant (tenant_id, last_journal_seq, last_seq)"
     " SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bigint[])"

@@ -428,25 +428,15 @@ def _bodies_in_file(fs: Any, path: str, wanted: set[ErasureKey]) -> dict[Erasure
     return found
 
 
-def erased_artifacts(
-    conn: psycopg.Connection,
-    lake: Lake,
-    tenant_id: str,
-    *,
-    cadence: dt.timedelta = DEFAULT_CADENCE,
-    now: dt.datetime | None = None,
-    state: ErasureState | None = None,
-) -> ArtifactEvidence:
-    """Every erased claim version of the tenant (erased in silver, or with an erase in the
-    outbox), its deadline, and every file of silver and the curated tables that still holds its
-    ciphertext: data files by their rows, log entries and checkpoints by their bytes. `state`: as
-    `erasure_evidence` takes it."""
-    now = now or dt.datetime.now(dt.UTC)
-    state = state or ErasureState.read(conn, lake, tenant_id)
+def _erased_versions(
+    state: ErasureState,
+    commits: list[tuple[int, dt.datetime]],
+    now: dt.datetime,
+    cadence: dt.timedelta,
+) -> dict[ErasureKey, ErasedArtifact]:
+    """Each erased claim version with its status and deadline (no copies yet)."""
     bound, erases, first, in_lake = state.bound, state.erases, state.first, state.in_lake
-    evidence = ArtifactEvidence(tenant_id, now, bound, cadence)
     keys = {k for k in first if k[1] is not None} | in_lake
-    commits = _applied_at(lake, tenant_id)
 
     by_key: dict[ErasureKey, ErasedArtifact] = {}
     for key in sorted(keys, key=repr):
@@ -473,6 +463,27 @@ def erased_artifacts(
             erased_at = first[key]  # not in the lake: the key is an erase act's
             deadline = erased_at + bound + cadence
         by_key[key] = ErasedArtifact(key[0], key[1], erased_at, status, applied_at, deadline)
+    return by_key
+
+
+def erased_artifacts(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    *,
+    cadence: dt.timedelta = DEFAULT_CADENCE,
+    now: dt.datetime | None = None,
+    state: ErasureState | None = None,
+) -> ArtifactEvidence:
+    """Every erased claim version of the tenant (erased in silver, or with an erase in the
+    outbox), its deadline, and every file of silver and the curated tables that still holds its
+    ciphertext: data files by their rows, log entries and checkpoints by their bytes. `state`: as
+    `erasure_evidence` takes it."""
+    now = now or dt.datetime.now(dt.UTC)
+    state = state or ErasureState.read(conn, lake, tenant_id)
+    bound = state.bound
+    evidence = ArtifactEvidence(tenant_id, now, bound, cadence)
+    by_key = _erased_versions(state, _applied_at(lake, tenant_id), now, cadence)
     evidence.artifacts = list(by_key.values())
     if not by_key:
         return evidence

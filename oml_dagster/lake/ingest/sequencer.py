@@ -91,12 +91,12 @@ class SequencerReport:
 def sequence(conn: psycopg.Connection, limit: int | None = None) -> SequencerReport:
     """Run one cut of at most `limit` rows (CUT_LIMIT); commits its own transaction."""
     with cross_scope(conn):
-        report, _ = _cut(conn, CUT_LIMIT if limit is None else limit, None)
+        report, _ = cut_in_transaction(conn, CUT_LIMIT if limit is None else limit, None)
         _count_waiting(conn, report)
     return report
 
 
-def _cut(
+def cut_in_transaction(
     conn: psycopg.Connection, limit: int, pending: dict[str, int] | None
 ) -> tuple[SequencerReport, dict[str, int]]:
     """One cut, in the caller's transaction, sharing `limit` by `pending` (each tenant's
@@ -192,7 +192,7 @@ def sequence_for_batches(
     pending: dict[str, int] | None = None
     for n in range(MOST_CUTS_PER_PASS):
         with cross_scope(conn):
-            cut, pending = _cut(conn, limit, pending)
+            cut, pending = cut_in_transaction(conn, limit, pending)
             report = report.then(cut)
             pending = {
                 t: left

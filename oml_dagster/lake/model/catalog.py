@@ -10,7 +10,7 @@ written to be harmless on a table that already holds the op's effect.
 `fold` runs the three over a sequence of ops: the one fold the writer commits and the
 reconciler compares (ADR 0050).
 
-Why one file (1074 lines): the catalog is one table of rules. Every op's fields, check and effect sit side
+Why one file: the catalog is one table of rules. Every op's fields, check and effect sit side
 by side because the rules refer to each other (a retract after a promote, a held reassign, an
 erase of a retracted claim); split by op, those cross-op rules would be read across files.
 """
