@@ -39,7 +39,7 @@ with psycopg.connect(os.environ["OML_PG_DSN"], autocommit=True) as conn:
     for tenant in sys.argv[2:]:
         for _ in range(50):
             if not drain_tenant(conn, Lake(os.environ["OML_LAKE_URI"]), tenant,
-                                WriterConfig(max_batch=9, txn_lag_limit=4), commits=Hook()).ops:
+                                config=WriterConfig(max_batch=9, txn_lag_limit=4), commits=Hook()).ops:
                 break
 """
 

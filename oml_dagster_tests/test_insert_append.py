@@ -96,7 +96,7 @@ def test_a_writer_whose_append_meets_a_concurrent_commit_merges_or_skips(conn, l
     assert paused.wait(60)
     # B: a batch of about half the ops (each promotion is an event and a claim op).
     results["b"] = drain_tenant(
-        conn, lake, tenant.tenant_id, WriterConfig(max_batch=6, txn_lag_limit=3)
+        conn, lake, tenant.tenant_id, config=WriterConfig(max_batch=6, txn_lag_limit=3)
     )
     resume.set()
     thread.join(60)

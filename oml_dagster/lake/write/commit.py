@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -184,7 +184,7 @@ def commit_table(
     tenant_id: str,
     handle: TableHandle,
     output: Callable[[int], pa.Table | list[Row]],
-    op_seqs: list[int],
+    op_seqs: Sequence[int],
     batch_end: int,
     leading_txn: int,
     rules: CommitRules,

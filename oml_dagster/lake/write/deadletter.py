@@ -34,6 +34,7 @@ class DeadLetter:
 
 def record(
     session: TenantSession,
+    *,
     seq: int,
     journal_seq: int,
     op: str,

@@ -225,7 +225,7 @@ class _Drain:
         self.ahead.keep_only(targets)
         for k, tenant_id in enumerate(targets):
             visited_next = targets[k + 1] if k + 1 < len(targets) else None
-            result = self._batch(tenant_id, visited_next, pending)
+            result = self._batch(tenant_id, visited_next=visited_next, pending=pending)
             if result is None:
                 continue
             current.batches.append(result)
@@ -265,7 +265,7 @@ class _Drain:
         return [t for t in targets if t not in self.failed]
 
     def _batch(
-        self, tenant_id: str, visited_next: str | None, pending: dict[str, int]
+        self, tenant_id: str, *, visited_next: str | None, pending: dict[str, int]
     ) -> BatchResult | None:
         """One batch of the tenant, its three phases in turn; the next batch is read ahead as
         soon as this one's read returns. None when it failed and the observer lets the drain go
@@ -278,7 +278,9 @@ class _Drain:
         )
         try:
             read = batch.read(self.conn, fetcher=fetcher, ahead=self.ahead.take(tenant_id))
-            self._read_ahead(fetcher, config, (tenant_id, read), visited_next, pending)
+            self._read_ahead(
+                fetcher, read, config=config, visited_next=visited_next, pending=pending
+            )
             return batch.commit(self.conn, read, batch.fold(read))
         except Exception as error:
             if is_transient(error) or not self.observer.tenant_failed(tenant_id, error):
@@ -289,8 +291,9 @@ class _Drain:
     def _read_ahead(
         self,
         fetcher: Fetcher,
+        read: BatchRead,
+        *,
         config: WriterConfig,
-        this: tuple[str, BatchRead],
         visited_next: str | None,
         pending: dict[str, int],
     ) -> None:
@@ -298,11 +301,10 @@ class _Drain:
         next: the first of the tenant the pass visits next (from where the frontier cache says
         it stands), unless it has one read ahead; otherwise, in a drain until idle, this
         tenant's own next one when the outbox holds more."""
-        tenant_id, read = this
         if visited_next in pending and not self.ahead.has(visited_next):
-            self.ahead.start(fetcher, visited_next, pending[visited_next], config)
+            self.ahead.start(fetcher, visited_next, after=pending[visited_next], config=config)
         elif self.policy.until_idle and read.more:
-            self.ahead.start(fetcher, tenant_id, read.batch_end, config)
+            self.ahead.start(fetcher, read.tenant_id, after=read.batch_end, config=config)
 
     def _goes_on(self, idle: bool, pass_started: float) -> bool:
         """Whether another pass follows the one that started at `pass_started`; a polling drain
@@ -393,7 +395,7 @@ class _BatchesAhead:
     def has(self, tenant_id: str) -> bool:
         return tenant_id in self.by_tenant
 
-    def start(self, fetcher: Fetcher, tenant_id: str, after: int, config: WriterConfig) -> None:
+    def start(self, fetcher: Fetcher, tenant_id: str, *, after: int, config: WriterConfig) -> None:
         self.by_tenant[tenant_id] = fetcher.fetch_async(
             tenant_id, after, config.max_batch, config.max_batch_bytes
         )

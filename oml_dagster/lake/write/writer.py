@@ -274,7 +274,7 @@ class TenantBatch:
             )
             if not seqs:
                 return read
-            return self._read_ops(session, batch, read, areas)
+            return self._read_ops(session, batch, read=read, areas=areas)
 
     def _batch_from(self, fetcher: Fetcher, ahead: Batch | None, base: int) -> Batch:
         """The batch after `base`: `ahead` when it starts there (cut to this batch's cap when it
@@ -285,7 +285,7 @@ class TenantBatch:
         return fetcher.fetch(self.tenant_id, base, cap, self.config.max_batch_bytes)
 
     def _read_ops(
-        self, session: TenantSession, batch: Batch, read: BatchRead, areas: list[Row]
+        self, session: TenantSession, batch: Batch, *, read: BatchRead, areas: list[Row]
     ) -> BatchRead:
         """The batch's ops parsed, the events the columnar checks clear, and every row, body and
         key the ops name."""
@@ -388,32 +388,31 @@ class TenantBatch:
             if read.batch_end > read.decided:
                 _record_verdicts(conn, read, folded.refused)
             state = folded.state
-            self._commit(read, BRONZE_EVENTS.name, state.bronze, result)
-            self._commit(read, GOLD_LINEAGE.name, state.lineage, result)
+            self._commit(read, TableId(BRONZE_EVENTS.name), state.bronze, into=result)
+            self._commit(read, TableId(GOLD_LINEAGE.name), state.lineage, into=result)
             for workarea_id in sorted(state.curated):
-                self._commit(
-                    read, GOLD_CURATED.name, state.curated[workarea_id], result, workarea_id
-                )
-            self._commit(read, SILVER_CLAIMS.name, state.silver, result)
-            self._commit(read, GOLD_AREAS.name, state.areas, result)
+                curated = TableId.curated(workarea_id)
+                self._commit(read, curated, state.curated[workarea_id], into=result)
+            self._commit(read, TableId(SILVER_CLAIMS.name), state.silver, into=result)
+            self._commit(read, TableId(GOLD_AREAS.name), state.areas, into=result)
             for handle in self._handles.values():  # created, or reopened after a conflict
                 self.tables.keep(handle.uri, handle.table, handle.txn)
             self._update_frontier(conn, read.batch_end)
-        self._compact_on_the_way(conn, result)
+            self._compact_on_the_way(conn, result)
         return result
 
     def _commit(
         self,
         read: BatchRead,
-        spec_name: str,
+        table_id: TableId,
         work: AppendWork | KeyedWork,
-        result: BatchResult,
-        workarea_id: str | None = None,
+        *,
+        into: BatchResult,
     ) -> None:
-        table_id = TableId(spec_name, workarea_id)
+        """One table's fenced commit of the batch, its outcome added to `into`."""
         handle = self._handles.get(table_id)
         if handle is None:  # a curated table the batch creates
-            handle = open_handle(self.tables, read.tenant_id, GOLD_CURATED, workarea_id)
+            handle = open_handle(self.tables, read.tenant_id, GOLD_CURATED, table_id.workarea_id)
             self._handles[table_id] = handle
         configuration = handle.spec.configuration(read.erasure_bound_seconds)
         outcome = commit_table(
@@ -421,7 +420,7 @@ class TenantBatch:
             tenant_id=read.tenant_id,
             handle=handle,
             output=work.output,
-            op_seqs=list(read.seqs),
+            op_seqs=read.seqs,
             batch_end=read.batch_end,
             leading_txn=read.leading_txn,
             rules=CommitRules(
@@ -432,7 +431,7 @@ class TenantBatch:
             work=work if isinstance(work, KeyedWork) else None,
             observer=self.commits,
         )
-        result.tables.append(outcome)
+        into.tables.append(outcome)
 
     def _update_frontier(self, conn: psycopg.Connection, batch_end: int) -> None:
         """Refresh the frontier cache: each table is drained through `batch_end`."""
@@ -472,8 +471,8 @@ def drain_tenant(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    config: WriterConfig | None = None,
     *,
+    config: WriterConfig | None = None,
     commits: CommitObserver | None = None,
     tables: OpenTables | None = None,
 ) -> BatchResult:
@@ -628,7 +627,9 @@ def _record_verdicts(conn: psycopg.Connection, read: BatchRead, refused: Mapping
     with tenant_scope(conn, tenant_id) as session:
         for seq, reason in refused.items():
             _, journal_seq, name, payload, _ = by_seq[seq]
-            deadletter.record(session, seq, journal_seq, name, payload, reason)
+            deadletter.record(
+                session, seq=seq, journal_seq=journal_seq, op=name, payload=payload, reason=reason
+            )
         session.execute(queries.VERDICTS_UPSERT, (tenant_id, batch_end))
     with tenant_scope(conn, tenant_id) as session:
         stored = _refused_in(session, decided, batch_end)
