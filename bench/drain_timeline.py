@@ -1,10 +1,11 @@
 """When each cut, fetch and tenant batch of one in-process `drain --until-idle` starts and ends,
-and on which thread: where a backlog drain waits (issue 35, ADR 0055).
+and on which thread: where a backlog drain waits (ADR 0055).
 
 N journal.event ops of one tenant are COPYed into a fresh database's outbox, unsequenced (as
 `idle_bench.py` does); then this checkout's `drain(..., DrainPolicy(until_idle=True))` drains
 them into a fresh local lake, and every call of the sequencer's pass cut, the fetcher and
-`drain_tenant` prints one line: thread, what, start -> end (seconds from the drain's start), and
+tenant batch phase (`TenantBatch.read`, `fold`, `commit`) prints one line: thread, what, start ->
+end (seconds from the drain's start), and
 the rows cut or the ops of the batch.
 
     .venv/bin/python bench/drain_timeline.py --events 200000
@@ -30,6 +31,7 @@ from bronze_bench import write_events  # noqa: E402
 from oml_dagster.lake.ingest import fetch, sequencer  # noqa: E402
 from oml_dagster.lake.store.layout import Lake  # noqa: E402
 from oml_dagster.lake.write import drain as drain_loop  # noqa: E402
+from oml_dagster.lake.write import writer  # noqa: E402
 from oml_dagster.simulate import producer  # noqa: E402
 
 
@@ -59,7 +61,9 @@ def main() -> None:
     started = [0.0]
     timed(sequencer, "sequence_for_batches", "cut", started, lambda r: f"{r.sequenced} rows")
     timed(fetch.Fetcher, "fetch", "fetch", started, lambda b: f"{len(b)} rows")
-    timed(drain_loop, "drain_tenant", "batch", started, lambda r: f"{r.ops} ops")
+    timed(writer.TenantBatch, "read", "read", started, lambda r: f"{len(r.seqs)} ops")
+    timed(writer.TenantBatch, "fold", "fold", started, lambda f: f"{len(f.refused)} refused")
+    timed(writer.TenantBatch, "commit", "commit", started, lambda r: f"{r.ops} ops")
     with fresh_database("oml_timeline") as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             keys = producer.create_tenant(conn)

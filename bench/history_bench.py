@@ -2,7 +2,7 @@
 with the tables' checkpoint policy (`delta.checkpointInterval` 100, so delta-rs writes a
 checkpoint at every hundredth version), is brought to version ~100 and then to ~10,000 by cheap
 appends (by default zero-row ones: the writer's txn-only commit, which adds no file). At each point, `--samples` commits go through the writer's own commit path
-(`writer._handle` opens the table as a drain's first batch does, `writer._commit_table`
+(`commit.open_handle` opens the table as a drain's first batch does, `commit.commit_table`
 commits one batch's rows with the app transaction), at the same offsets past a
 checkpoint, so the two points differ only in the history behind them; then as many commits
 with the table kept open, as a drain commits every batch after its first (`OpenTables`: the
@@ -51,7 +51,7 @@ from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
 from oml_dagster.lake.store import conditional_put, deltalog
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.open_tables import OpenTables
-from oml_dagster.lake.write import writer
+from oml_dagster.lake.write.commit import CommitRules, commit_table, open_handle
 from oml_dagster.lake.write.writer import WriterConfig
 from oml_dagster.settings import LAKE_URI, lake_storage_options
 
@@ -99,18 +99,21 @@ def measured_commit(
     """One batch's bronze commit as the writer does it: open (or, with `tables` a drain's open
     tables, bring the open table up to date), fenced commit."""
     started = time.perf_counter()
-    handle = writer._handle(tables or OpenTables(lake), TENANT, BRONZE_EVENTS)
+    handle = open_handle(tables or OpenTables(lake), TENANT, BRONZE_EVENTS)
     opened = time.perf_counter()
-    outcome = writer._commit_table(
-        lake,
-        TENANT,
-        handle,
-        lambda _txn: event_rows(seq),
-        [seq],
-        seq,
-        handle.txn,
-        config,
-        configuration,
+    outcome = commit_table(
+        lake=lake,
+        tenant_id=TENANT,
+        handle=handle,
+        output=lambda _txn: event_rows(seq),
+        op_seqs=[seq],
+        batch_end=seq,
+        leading_txn=handle.txn,
+        rules=CommitRules(
+            txn_lag_limit=config.txn_lag_limit,
+            max_commit_attempts=config.max_commit_attempts,
+            configuration=configuration,
+        ),
     )
     done = time.perf_counter()
     assert outcome.action == "committed", outcome

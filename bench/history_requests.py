@@ -1,7 +1,7 @@
 """Which S3 requests the writer's commit makes, counted from the request log of a loopback S3
 server (`python -m moto.server`): a bronze table built to `--versions` (every commit kept, as the
 erasure bound keeps them), then `--commits` kept-open commits through the writer's own path
-(`writer._handle`, `writer._commit_table`, as a drain's later batches commit), then as many with
+(`commit.open_handle`, `commit.commit_table`, as a drain's later batches commit), then as many with
 delta-rs's default post-commit hook (expired-log cleanup after every commit). Each phase is
 marked in the log by a GET of a key that does not exist (`oml-mark/<phase>`).
 

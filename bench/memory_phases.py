@@ -1,8 +1,8 @@
 """Where a drain's batches reach their peak memory: `oml-lake simulate` writes a seeded workload
 into a fresh database, then a child process drains it (`oml-lake drain --until-idle`) with a
 thread reading its resident memory every 5 ms, each reading tagged with the stage the main
-thread is in (the sequencer's cut, parse, the prefetch of the rows a batch touches, the fold,
-each table's commit, the release of freed memory). For each batch: its lowest and highest
+thread is in (the sequencer's cut, a batch's read, its fold, each table's commit, the rest of
+the commit phase, the release of freed memory). For each batch: its lowest and highest
 reading and the stage of the highest, then how many batches peaked in each stage.
 
     .venv/bin/python bench/memory_phases.py --tenants 1 --claims 160000     # 1M ops, one tenant
@@ -35,23 +35,17 @@ try:
 except ImportError:  # run as a script
     from _support import child_env, code_root, fresh_database, machine
 
-# The stages, by the function of the writer (or the drain, or the sequencer) that runs them.
-_WRITER_STAGES = {
-    "_catalog_ops": "parse",
-    "_working_state": "working state",
-    "_prefetch": "prefetch",
-    "_fold": "fold",
-    "_record_verdicts": "verdicts",
-    "_compact_on_the_way": "compact",
-}
-
 
 def _tagged_drain(max_batch: int) -> dict:
-    """Drain in this process with every stage tagged; the readings per batch."""
+    """Drain in this process with every stage tagged; the readings per batch. The stages are a
+    tenant batch's phases (`TenantBatch.read`, `fold`, `commit`), each table's commit (heard by
+    a `CommitObserver`), the sequencer's cut and the release of freed memory."""
     from oml_dagster import cli
     from oml_dagster.lake.ingest import sequencer
-    from oml_dagster.lake.write import drain, writer
+    from oml_dagster.lake.write import drain
+    from oml_dagster.lake.write.commit import CommitObserver, TableCommit
     from oml_dagster.lake.write.memory import resident_mib
+    from oml_dagster.lake.write.writer import TenantBatch
 
     stage, batch = ["drain loop"], [0]
     readings: list[tuple[float, float, str, int]] = []
@@ -63,31 +57,50 @@ def _tagged_drain(max_batch: int) -> dict:
             readings.append((time.perf_counter() - started, resident_mib(), stage[0], batch[0]))
             time.sleep(0.005)
 
-    def tag(module, name: str, label) -> None:
+    @contextlib.contextmanager
+    def staged(label: str):
+        before, stage[0] = stage[0], label
+        try:
+            yield
+        finally:
+            stage[0] = before
+
+    def tag(module, name: str, label: str) -> None:
         inner = getattr(module, name)
 
         def tagged(*args, **kwargs):
-            before, stage[0] = stage[0], label(*args) if callable(label) else label
-            try:
+            with staged(label):
                 return inner(*args, **kwargs)
-            finally:
-                stage[0] = before
 
         setattr(module, name, tagged)
 
-    for name, label in _WRITER_STAGES.items():
-        tag(writer, name, label)
-    tag(writer, "_commit_table", lambda lake, tenant, handle, *rest: f"commit {handle.spec.name}")
+    class Commits(CommitObserver):
+        def before(self, commit: TableCommit) -> None:
+            stage[0] = f"commit {commit.table.spec_name}"
+
+        def landed(self, commit: TableCommit) -> None:
+            stage[0] = "verdicts, frontier, compact"
+
+    class Tagged(TenantBatch):
+        def __init__(self, **options):
+            super().__init__(**{**options, "commits": Commits()})
+
+        def read(self, conn, **options):
+            batch[0] += 1
+            with staged("read"):
+                return super().read(conn, **options)
+
+        def fold(self, read):
+            with staged("fold"):
+                return super().fold(read)
+
+        def commit(self, conn, read, folded):
+            with staged("verdicts, frontier, compact"):
+                return super().commit(conn, read, folded)
+
+    drain.TenantBatch = Tagged
     tag(sequencer, "sequence_for_batches", "sequencer")
     tag(drain, "release_memory", "release")
-    one_batch = writer._drain_batch
-
-    def counted(*args, **kwargs):
-        batch[0] += 1
-        return one_batch(*args, **kwargs)
-
-    writer._drain_batch = counted
-    tag(writer, "_drain_batch", "batch, other")
 
     threading.Thread(target=sample, daemon=True).start()
     with contextlib.redirect_stdout(io.StringIO()):

@@ -64,7 +64,7 @@ def main() -> None:
                 batches += len(one.batches)
                 for batch in one.batches:
                     for t in batch.tables:
-                        table = t.table.split("/")[0]  # every curated table as one
+                        table = t.name.split("/")[0]  # every curated table as one
                         kind = t.action
                         if t.action == "committed":
                             kind += ", updated rows" if t.rows_updated else ", rows added only"

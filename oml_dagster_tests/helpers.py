@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,6 +17,7 @@ from oml_dagster.lake.model.tables import (
     SILVER_CLAIMS,
     writer_properties,
 )
+from oml_dagster.lake.write.commit import CommitObserver, TableCommit
 from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain
 from oml_dagster.simulate import acts
 from oml_dagster_tests.conftest import by_key, table_rows
@@ -173,3 +174,19 @@ def assert_exactly_once(conn, lake, tenants, reference: dict | None = None, note
         bronze = LakeView(lake, keys.tenant_id).bronze
         assert sorted(r["journal_seq"] for r in bronze) == list(range(1, events + 1)), note
         assert lake_snapshot(lake, keys.tenant_id) == reference[keys.tenant_id], note
+
+
+class BeforeEachCommit(CommitObserver):
+    """Calls `hook(table name)` before the first attempt of each table commit a batch makes:
+    a test's way to stop, hold or race a batch at a given table."""
+
+    def __init__(self, hook: Callable[[str], None]):
+        self.hook = hook
+        self.made: list[TableCommit] = []
+
+    def before(self, commit: TableCommit) -> None:
+        if commit.attempt == 1:
+            self.hook(str(commit.table))
+
+    def landed(self, commit: TableCommit) -> None:
+        self.made.append(commit)

@@ -26,11 +26,18 @@ from oml_dagster.lake.model.tables import (
 )
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.open_tables import OpenTables, app_txn
-from oml_dagster.lake.write import writer
-from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.commit import (
+    CommitObserver,
+    CommitRules,
+    TableCommit,
+    commit_table,
+    open_handle,
+)
+from oml_dagster.lake.write.drain import DrainObserver, DrainPolicy, drain
 from oml_dagster.lake.write.writer import COMMITTED, SKIPPED, UNCHANGED, WriterConfig, drain_tenant
 from oml_dagster.simulate import acts
 from oml_dagster_tests.helpers import (
+    BeforeEachCommit,
     LakeView,
     Tree,
     column_chunks,
@@ -112,7 +119,7 @@ def test_replaying_a_committed_batch_changes_nothing(conn, lake, tenant):
     assert before[curated_c] == (None, 0)
     assert all(txn == first_end for n, (_, txn) in before.items() if n != curated_c), before
 
-    # Commit order (writer._drain_batch): bronze, lineage, curated, silver, areas. The writer
+    # Commit order (TenantBatch.commit): bronze, lineage, curated, silver, areas. The writer
     # dies once, when it reaches silver; c's curated table was created by then, a's has
     # nothing to change in this batch (no commit: fewer ops than the txn lag limit).
     landed = {BRONZE_EVENTS.name, GOLD_LINEAGE.name, curated_c}
@@ -123,7 +130,7 @@ def test_replaying_a_committed_batch_changes_nothing(conn, lake, tenant):
             raise _DiedBeforeSilver(table)
 
     with pytest.raises(_DiedBeforeSilver):
-        drain_tenant(conn, lake, tenant_id, before_commit=die_before_silver)
+        drain_tenant(conn, lake, tenant_id, commits=BeforeEachCommit(die_before_silver))
     died = table_states(lake, tenant_id, uris)
     # (1) The first attempt really committed the batch on the tables before the failure point
     # (a new Delta version recording its end), and on none after it.
@@ -159,7 +166,7 @@ def test_replaying_a_committed_batch_changes_nothing(conn, lake, tenant):
     # And by the skip rule itself (`batch_end <= txn`), not by the fallbacks behind it: without
     # it a landed table's output above its txn is empty and the no-change rule leaves it alone
     # too, so the effects above hold and only the action the writer reports tells them apart.
-    actions = {t.table: t.action for t in replay.tables}
+    actions = {t.name: t.action for t in replay.tables}
     assert actions == {
         **dict.fromkeys(landed, SKIPPED),
         curated_a: UNCHANGED,
@@ -235,7 +242,7 @@ def test_a_writer_that_loses_the_race_reloads_and_skips(conn, lake, tenant, dsn)
     def writer_a():
         with psycopg.connect(dsn, autocommit=True) as own:
             results["a"] = drain_tenant(
-                own, lake, tenant.tenant_id, before_commit=hold_before_silver
+                own, lake, tenant.tenant_id, commits=BeforeEachCommit(hold_before_silver)
             )
 
     thread = threading.Thread(target=writer_a)
@@ -261,29 +268,68 @@ def test_a_writer_that_loses_the_race_reloads_and_skips(conn, lake, tenant, dsn)
 
 @pytest.mark.parametrize("round_", range(3))
 def test_two_writers_racing_on_one_tenant_never_duplicate_or_lose(conn, lake, tenant, dsn, round_):
+    """Two drains of one tenant with different batch sizes overlap: the one with the larger
+    batches stops before its first silver commit (bronze and lineage committed) and the other
+    drains meanwhile, from the lowest txn version with tables ahead of its batch (the skip
+    rule), then both go on together. The lake holds every event once, as one writer's drain."""
     mixed_workload(conn, tenant, claims=10)
     errors = []
+    results: list = []
+    paused, first_batch_done = threading.Event(), threading.Event()
 
-    def writer(max_batch: int) -> None:
+    class Racing(DrainObserver, CommitObserver):
+        def __init__(self, holds: bool) -> None:
+            self.holds = holds
+
+        def table_commits(self) -> CommitObserver:
+            return self
+
+        def before(self, commit: TableCommit) -> None:
+            if self.holds and str(commit.table) == SILVER_CLAIMS.name:
+                self.holds = False
+                paused.set()
+                assert first_batch_done.wait(60)
+
+        def batch_ended(self, result) -> None:
+            results.append(result)
+            if not self.holds:
+                first_batch_done.set()
+
+    def writer(max_batch: int, holds: bool) -> None:
         try:
             with psycopg.connect(dsn, autocommit=True) as own:
                 config = WriterConfig(max_batch=max_batch, txn_lag_limit=max(1, max_batch // 2))
+                if not holds:
+                    assert paused.wait(60)
                 drain(
                     own,
                     lake,
                     [tenant.tenant_id],
                     policy=DrainPolicy(until_idle=True, config=config),
+                    observer=Racing(holds),
                 )
         except Exception as error:  # surfaced below
             errors.append(error)
+            paused.set()
+            first_batch_done.set()
 
-    sizes = [(7, 11), (5, 5), (13, 3)][round_]
-    threads = [threading.Thread(target=writer, args=(n,)) for n in sizes]
+    small, large = sorted([(7, 11), (5, 5), (13, 3)][round_])
+    threads = [
+        threading.Thread(target=writer, args=(large, True)),
+        threading.Thread(target=writer, args=(small, False)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert not errors, errors
+    # The race happened: the smaller batches' first one found bronze past its end (the other
+    # drain committed it) and skipped it; and no commit of either drain moved a table's txn
+    # version back.
+    first_small = results[0]  # the other drain is held until this batch ends
+    assert first_small.outcome(BRONZE_EVENTS.name).action == SKIPPED, first_small
+    moved_back = [t for r in results for t in r.tables if t.txn_after < t.txn_before]
+    assert not moved_back, moved_back
     drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
 
     bronze = LakeView(lake, tenant.tenant_id).bronze
@@ -369,17 +415,20 @@ def test_only_the_checkpoint_commit_expires_the_log(lake):
     def commit() -> int:
         nonlocal seq
         seq += 1
-        handle = writer._handle(tables, tenant_id, BRONZE_EVENTS)
-        outcome = writer._commit_table(
-            lake,
-            tenant_id,
-            handle,
-            lambda _txn: BRONZE_EVENTS.schema.empty_table(),
-            [seq],
-            seq,
-            seq + 1,  # another table is ahead of this batch: a txn-only commit
-            WriterConfig(),
-            configuration,
+        handle = open_handle(tables, tenant_id, BRONZE_EVENTS)
+        outcome = commit_table(
+            lake=lake,
+            tenant_id=tenant_id,
+            handle=handle,
+            output=lambda _txn: BRONZE_EVENTS.schema.empty_table(),
+            op_seqs=[seq],
+            batch_end=seq,
+            leading_txn=seq + 1,  # another table is ahead of this batch: a txn-only commit
+            rules=CommitRules(
+                txn_lag_limit=WriterConfig().txn_lag_limit,
+                max_commit_attempts=WriterConfig().max_commit_attempts,
+                configuration=configuration,
+            ),
         )
         tables.keep(handle.uri, handle.table)
         return outcome.version

@@ -26,18 +26,20 @@ import psycopg
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.write.commit import CommitObserver
 k = int(sys.argv[1]); calls = 0
-def hook(table):
-    global calls
-    calls += 1
-    if calls == k:
-        os.kill(os.getpid(), signal.SIGKILL)
+class Hook(CommitObserver):
+    def before(self, commit):
+        global calls
+        calls += 1
+        if calls == k:
+            os.kill(os.getpid(), signal.SIGKILL)
 with psycopg.connect(os.environ["OML_PG_DSN"], autocommit=True) as conn:
     sequencer.sequence(conn)
     for tenant in sys.argv[2:]:
         for _ in range(50):
             if not drain_tenant(conn, Lake(os.environ["OML_LAKE_URI"]), tenant,
-                                WriterConfig(max_batch=9, txn_lag_limit=4), before_commit=hook).ops:
+                                config=WriterConfig(max_batch=9, txn_lag_limit=4), commits=Hook()).ops:
                 break
 """
 

@@ -8,6 +8,7 @@ import gc
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pyarrow as pa
@@ -27,7 +28,7 @@ from oml_dagster.lake.write.drain import (
     drain_riding_through,
 )
 from oml_dagster.lake.write.memory import release_memory
-from oml_dagster.lake.write.writer import WriterConfig
+from oml_dagster.lake.write.writer import TenantBatch, WriterConfig
 from oml_dagster.simulate import acts, producer
 
 from .dagster_support import more_acts, seed_tenant
@@ -155,15 +156,15 @@ class _Watching(DrainObserver):
 def _failing_for(monkeypatch, tenant_id: str, error: Exception) -> list[str]:
     """Every tenant batch the drain starts, in order; `tenant_id`'s raise `error`."""
     started: list[str] = []
-    real = drain_loop.drain_tenant
 
-    def drain_tenant(conn, lake, tenant, *args, **kwargs):
-        started.append(tenant)
-        if tenant == tenant_id:
-            raise error
-        return real(conn, lake, tenant, *args, **kwargs)
+    class FailingBatch(TenantBatch):
+        def read(self, conn, **options):
+            started.append(self.tenant_id)
+            if self.tenant_id == tenant_id:
+                raise error
+            return super().read(conn, **options)
 
-    monkeypatch.setattr(drain_loop, "drain_tenant", drain_tenant)
+    monkeypatch.setattr(drain_loop, "TenantBatch", FailingBatch)
     return started
 
 
@@ -464,16 +465,25 @@ def test_a_cut_ahead_that_ends_during_a_pass_with_nothing_to_drain_is_taken(
     more_acts(conn, work, 6)
     monkeypatch.setattr(sequencer, "CUT_LIMIT", 10)
     backlog = _unsequenced(conn)
-    released, cut_ended = threading.Event(), threading.Event()
+    released, cut_ended, cut_done = threading.Event(), threading.Event(), threading.Event()
     waited = _holding_the_cut_ahead(monkeypatch, released, cut_ended)
     pending = sequencer.pending_tenants
+
+    class Watched(ThreadPoolExecutor):
+        """The cut ahead's pool: each cut's future, once done, sets `cut_done`."""
+
+        def submit(self, fn, /, *args, **kwargs):
+            future = super().submit(fn, *args, **kwargs)
+            future.add_done_callback(lambda _: cut_done.set())
+            return future
+
+    monkeypatch.setattr(drain_loop, "ThreadPoolExecutor", Watched)
 
     def nothing_pending_then_the_cut_ends(*args, **kwargs):
         found = pending(*args, **kwargs)
         if not found and not released.is_set():
             released.set()
-            assert cut_ended.wait(30)
-            time.sleep(0.2)  # the cut's future is done a moment after the cut returns
+            assert cut_done.wait(30)  # the cut ended and its future is done
         return found
 
     monkeypatch.setattr(sequencer, "pending_tenants", nothing_pending_then_the_cut_ends)

@@ -31,7 +31,7 @@ from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import read_rows, tenant_tables
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
-from oml_dagster_tests.helpers import lake_snapshot
+from oml_dagster_tests.helpers import BeforeEachCommit, lake_snapshot
 
 EXAMPLES = int(os.environ.get("OML_PROPERTY_EXAMPLES", "12"))
 
@@ -280,7 +280,9 @@ def drain_rounds(conn, lake: Lake, tenant_id: str, cuts) -> list[dict]:
         sequencer.sequence(conn)
         for _ in range(500):
             try:
-                result = drain_tenant(conn, lake, tenant_id, config, before_commit=hook)
+                result = drain_tenant(
+                    conn, lake, tenant_id, config=config, commits=BeforeEachCommit(hook)
+                )
             except _Crash:
                 break
             if not result.committed and not result.refused:
@@ -402,7 +404,7 @@ def test_every_input_drains_to_a_consistent_lake_that_a_rebuild_reproduces(
         rounds = drain_rounds(writer_conn, lake, keys.tenant_id, [*cuts, (12, None)])
         check_lake(conn, lake, keys.tenant_id, rounds)
         again = drain_tenant(
-            writer_conn, lake, keys.tenant_id, WriterConfig(max_batch=12, txn_lag_limit=6)
+            writer_conn, lake, keys.tenant_id, config=WriterConfig(max_batch=12, txn_lag_limit=6)
         )
         assert not again.committed and not again.refused, "the lake ends idle"
 

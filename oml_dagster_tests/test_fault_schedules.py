@@ -32,6 +32,9 @@ pytestmark = pytest.mark.s3
 WRITER = "oml-fault-schedule-writer"
 # Request numbers a schedule may name: a drain of the workload below makes a few hundred.
 HORIZON = 240
+EARLY = 20
+# The kills made, with how many sessions each terminated (the hook runs in the proxy's process).
+KILLS = "CREATE TABLE IF NOT EXISTS public.fault_schedule_kills (number int, killed int)"
 # A quick streak bound: a schedule holds at most 8 faults, far below it.
 RETRY = RetryPolicy(attempts=40, seconds=120, base_seconds=0.05, cap_seconds=0.4)
 
@@ -40,6 +43,8 @@ schedules = st.fixed_dictionaries(
         "store": st.dictionaries(
             st.integers(1, HORIZON), st.sampled_from(KINDS), min_size=1, max_size=6
         ),
+        # One fault among the first requests, which every drain makes: each example injects one.
+        "early": st.tuples(st.integers(1, EARLY), st.sampled_from(KINDS)),
         "pg_kills": st.sets(st.integers(1, HORIZON), max_size=2),
         # object_store's own retries off (every fault reaches the writer) or the product's
         "store_retries": st.sampled_from(["0", None]),
@@ -50,7 +55,8 @@ schedules = st.fixed_dictionaries(
 
 class KillWriterSessions:
     """The proxy's hook (it runs in the proxy's process, so a class it can unpickle): before
-    each request numbered in `at`, terminate the writer's PostgreSQL sessions."""
+    each request numbered in `at`, terminate the writer's PostgreSQL sessions, and record how
+    many it did (table `KILLS`)."""
 
     def __init__(self, dsn: str, at: set[int]):
         self.dsn, self.at = dsn, frozenset(at)
@@ -58,10 +64,13 @@ class KillWriterSessions:
     def __call__(self, number: int) -> None:
         if number in self.at:
             with psycopg.connect(self.dsn, autocommit=True) as admin:
-                admin.execute(
+                killed = admin.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND application_name = %s",
                     (WRITER,),
+                ).fetchone()[0]
+                admin.execute(
+                    "INSERT INTO public.fault_schedule_kills VALUES (%s, %s)", (number, killed)
                 )
 
 
@@ -81,11 +90,15 @@ def test_under_any_fault_schedule_the_lake_equals_a_fault_free_drain(
         conn, Lake(f"s3://{bucket}/reference", store_options(moto_endpoint)), ids
     )
     options = store_options("")
+    conn.execute(KILLS)
+    conn.execute("TRUNCATE public.fault_schedule_kills")
+    early, kind = schedule["early"]
+    store = {**schedule["store"], early: kind}
     if schedule["store_retries"] is not None:
         options["max_retries"] = schedule["store_retries"]
     with FaultProxy(
         moto_endpoint,
-        schedule=schedule["store"],
+        schedule=store,
         on_request=KillWriterSessions(dsn, schedule["pg_kills"]),
         delay_seconds=0.2,
     ) as proxy:
@@ -100,7 +113,16 @@ def test_under_any_fault_schedule_the_lake_equals_a_fault_free_drain(
                 until_idle=True, config=WriterConfig.for_batch(schedule["max_batch"])
             ),
         )
-        reached = proxy.requests
+        reached, injected = proxy.requests, proxy.injected
+    # The schedule was played: a fault at each of its numbers the drain reached, a kill before
+    # each such request, and the first kill terminated the writer's sessions (a later one may
+    # come before the writer has noticed the last and reconnected).
+    assert sum(injected.values()) == len([n for n in store if n <= reached]) >= 1, injected
+    kills = conn.execute(
+        "SELECT number, killed FROM public.fault_schedule_kills ORDER BY number"
+    ).fetchall()
+    assert [n for n, _ in kills] == sorted(n for n in schedule["pg_kills"] if n <= reached)
+    assert not kills or kills[0][1] >= 1, kills
     direct = Lake(lake.root, {**options, "AWS_ENDPOINT_URL": moto_endpoint})
     assert_exactly_once(
         conn, direct, tenants, reference, f"schedule {schedule} ({reached} requests)"

@@ -25,6 +25,7 @@ from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.conftest import curated_rows
 from oml_dagster_tests.helpers import (
+    BeforeEachCommit,
     LakeView,
     claim,
     dead_letters,
@@ -120,7 +121,7 @@ def test_a_fold_past_its_bound_fails_naming_its_op_and_records_nothing(conn, lak
     make_tree(conn, tenant)
     sequencer.sequence(conn)
     with pytest.raises(BatchTimeout, match=r"tenant .* batch \(0, \d+\].*while on (op seq|the)"):
-        drain_tenant(conn, lake, tenant.tenant_id, WriterConfig(fold_timeout_seconds=0.0))
+        drain_tenant(conn, lake, tenant.tenant_id, config=WriterConfig(fold_timeout_seconds=0.0))
     assert conn.execute("SELECT count(*) FROM oml.lake_verdicts").fetchone()[0] == 0
     assert lake.open(lake.table_uri(tenant.tenant_id, GOLD_AREAS)) is None
     drain_all(conn, lake)  # the next run does the batch
@@ -412,7 +413,9 @@ def test_a_failing_write_is_raised_at_once_not_retried_as_a_conflict(conn, lake,
     # Refused before the write by the columns' check (ADR 0071), or by delta-rs: at once either
     # way, never taken for a conflict.
     with pytest.raises((DeltaError, TableSchemaAhead)) as raised:
-        drain_tenant(conn, lake, tenant.tenant_id, WriterConfig(max_batch=50, txn_lag_limit=1))
+        drain_tenant(
+            conn, lake, tenant.tenant_id, config=WriterConfig(max_batch=50, txn_lag_limit=1)
+        )
     assert not isinstance(raised.value, CommitFailedError)
 
 
@@ -437,5 +440,7 @@ def test_a_conflict_that_never_ends_names_its_cause(conn, lake, tenant):
 
     config = WriterConfig(max_commit_attempts=1)
     with pytest.raises(ConflictingCommit) as raised:
-        drain_tenant(conn, lake, tenant.tenant_id, config, before_commit=racing_writer)
+        drain_tenant(
+            conn, lake, tenant.tenant_id, config=config, commits=BeforeEachCommit(racing_writer)
+        )
     assert isinstance(raised.value.__cause__, CommitFailedError)

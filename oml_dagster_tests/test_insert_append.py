@@ -16,6 +16,7 @@ from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster.simulate import acts
 from oml_dagster_tests.helpers import (
+    BeforeEachCommit,
     LakeView,
     drain_all,
     lake_snapshot,
@@ -87,7 +88,7 @@ def test_a_writer_whose_append_meets_a_concurrent_commit_merges_or_skips(conn, l
     def writer_a() -> None:
         with psycopg.connect(dsn, autocommit=True) as own:
             results["a"] = drain_tenant(
-                own, lake, tenant.tenant_id, before_commit=hold_before_silver
+                own, lake, tenant.tenant_id, commits=BeforeEachCommit(hold_before_silver)
             )
 
     thread = threading.Thread(target=writer_a)
@@ -95,7 +96,7 @@ def test_a_writer_whose_append_meets_a_concurrent_commit_merges_or_skips(conn, l
     assert paused.wait(60)
     # B: a batch of about half the ops (each promotion is an event and a claim op).
     results["b"] = drain_tenant(
-        conn, lake, tenant.tenant_id, WriterConfig(max_batch=6, txn_lag_limit=3)
+        conn, lake, tenant.tenant_id, config=WriterConfig(max_batch=6, txn_lag_limit=3)
     )
     resume.set()
     thread.join(60)
@@ -140,7 +141,7 @@ def test_a_merge_narrowed_to_the_rows_boxes_finds_a_reassigned_claim_where_it_wa
 
 def test_the_target_filter_names_where_the_table_holds_each_updated_row():
     from oml_dagster.lake.model.tables import KeyedWork
-    from oml_dagster.lake.write.writer import MOST_TARGET_BOXES, _target_filter
+    from oml_dagster.lake.write.commit import MOST_TARGET_BOXES, target_filter_of
 
     work = KeyedWork(SILVER_CLAIMS, txn=0)
     held = {"artifact_id": "a1", "version": 1, "workarea_id": "w-old", "applied_seq": 1}
@@ -149,16 +150,16 @@ def test_the_target_filter_names_where_the_table_holds_each_updated_row():
     moved = dict(held, workarea_id="w-new")
     new = {"artifact_id": "a2", "version": 1, "workarea_id": "w-new", "applied_seq": 2}
     assert (
-        _target_filter(work, [moved, new]) == "(t.workarea_id = 'w-old' AND t.artifact_id = 'a1')"
+        target_filter_of(work, [moved, new]) == "(t.workarea_id = 'w-old' AND t.artifact_id = 'a1')"
     )
     assert work.only_new([new]) and not work.only_new([moved, new])
     # A row whose key was never looked for: where it lies is unknown, so no narrowing.
     stray = dict(new, artifact_id="a3")
-    assert _target_filter(work, [moved, stray]) is None
+    assert target_filter_of(work, [moved, stray]) is None
     # Quotes are escaped; too many boxes fall back to the plain MERGE.
     quoted = {"artifact_id": "it's", "version": 1, "workarea_id": "w", "applied_seq": 1}
     work.load([quoted])
-    assert "'it''s'" in _target_filter(work, [quoted])
+    assert "'it''s'" in target_filter_of(work, [quoted])
     many = [dict(held, artifact_id=f"m{i}") for i in range(MOST_TARGET_BOXES + 1)]
     work.load(many)
-    assert _target_filter(work, many) is None
+    assert target_filter_of(work, many) is None

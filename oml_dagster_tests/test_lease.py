@@ -16,7 +16,8 @@ from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write import drain as drain_loop
 from oml_dagster.lake.write.drain import DrainPolicy, drain
-from oml_dagster.lake.write.writer import drain_tenant
+from oml_dagster.lake.write.writer import TenantBatch
+from oml_dagster_tests.helpers import BeforeEachCommit
 
 from .dagster_support import (
     BIN,
@@ -173,14 +174,15 @@ def test_two_runs_started_outside_the_queue_are_fenced(conn, lake, tmp_path, mon
     barrier = threading.Barrier(2, timeout=60)
     bronze_commits = itertools.count()
 
-    def racing_drain(conn, lake, tenant_id, config=None, **kwargs):
-        def before_commit(table: str) -> None:
-            if table == "bronze.events" and next(bronze_commits) < 2:
-                barrier.wait()
+    def before_commit(table: str) -> None:
+        if table == "bronze.events" and next(bronze_commits) < 2:
+            barrier.wait()
 
-        return drain_tenant(conn, lake, tenant_id, config, before_commit=before_commit, **kwargs)
+    class RacingBatch(TenantBatch):
+        def __init__(self, **options):
+            super().__init__(**{**options, "commits": BeforeEachCommit(before_commit)})
 
-    monkeypatch.setattr(drain_loop, "drain_tenant", racing_drain)
+    monkeypatch.setattr(drain_loop, "TenantBatch", RacingBatch)
     job = defs.resolve_job_def("lake_writer_job")
     results: list = []
     errors: list = []

@@ -42,6 +42,7 @@ from oml_dagster.simulate import acts, producer
 from oml_dagster_tests.conformance._support import footer_stats
 from oml_dagster_tests.dagster_support import table_versions
 from oml_dagster_tests.helpers import (
+    BeforeEachCommit,
     claim,
     column_chunks,
     drain_all,
@@ -360,7 +361,7 @@ def test_optimize_between_a_batchs_commits_neither_duplicates_nor_loses(
             maintenance.zorder(conn, lake, tenant.tenant_id)
 
     sequencer.sequence(conn)
-    result = drain_tenant(conn, lake, tenant.tenant_id, before_commit=optimize_first)
+    result = drain_tenant(conn, lake, tenant.tenant_id, commits=BeforeEachCommit(optimize_first))
     assert result.committed
     drain_all(conn, lake)
 

@@ -1,5 +1,5 @@
 """An out-of-memory kill by the kernel in the middle of a drain, then a drain that finishes with
-the lake exact (issue 45): `oml-lake drain` runs in a memory-limited cgroup
+the lake exact: `oml-lake drain` runs in a memory-limited cgroup
 (`oml_testbed.memory_cgroup`, v2 or v1) whose limit sits below what its batches need, so the
 kernel's OOM killer ends it with SIGKILL part way (no handler runs, as in a container over its
 limit); a second drain without the limit goes on from what the lake's txn versions record."""

@@ -314,11 +314,11 @@ def test_a_closed_pipe_stops_a_command_quietly_and_is_not_retried(conn, dsn, lak
 
 
 def test_a_refusal_names_its_op_once():
-    assert cli._refusal("claim.erase", "wrong tenant: x") == "claim.erase: wrong tenant: x"
-    assert cli._refusal("claim.reassign", "claim.reassign: field 'held' is missing") == (
+    assert cli.refusal_line("claim.erase", "wrong tenant: x") == "claim.erase: wrong tenant: x"
+    assert cli.refusal_line("claim.reassign", "claim.reassign: field 'held' is missing") == (
         "claim.reassign: field 'held' is missing"
     )
-    line = cli._refusal("claim.reassign", "claim.reassign at journal_seq 108 is not newer")
+    line = cli.refusal_line("claim.reassign", "claim.reassign at journal_seq 108 is not newer")
     assert line.count("claim.reassign") == 1
 
 

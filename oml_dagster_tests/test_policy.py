@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from oml_dagster import cli, from_settings, settings
+from oml_dagster import from_settings, settings
 from oml_dagster.lake import policy
 from oml_dagster.simulate import producer
 
@@ -25,8 +25,8 @@ def test_every_tenant_is_the_policy_table_and_the_sequencer_together(conn):
     )
     assert policy.known_tenants(conn) == sorted({with_policy, only_sequenced, both})
     # The command line's default tenant list is the same one.
-    assert cli._tenants(conn, None) == policy.known_tenants(conn)
-    assert cli._tenants(conn, [both]) == [both]
+    assert policy.resolve_tenants(conn, None) == policy.known_tenants(conn)
+    assert policy.resolve_tenants(conn, [both]) == [both]
 
 
 def test_the_erasure_bound_is_the_policy_s_else_the_default(conn):

@@ -35,7 +35,7 @@ from oml_dagster.simulate.runner import RunConfig, run
 from oml_dagster.simulate.workload import WorkloadConfig
 
 from .dagster_support import Workload, seed_tenant
-from .helpers import drain_all
+from .helpers import BeforeEachCommit, drain_all
 
 
 def failing(result) -> set[tuple[str, str]]:
@@ -417,7 +417,7 @@ def test_a_batch_half_committed_before_a_crash_is_no_row_finding(conn, lake, cle
     acts.demote(conn, clean.work.keys, clean.work.claims[0])  # reaches curated too
     sequencer.sequence(conn)
     with pytest.raises(Crash):
-        drain_tenant(conn, lake, clean.tenant_id, before_commit=die_before_silver)
+        drain_tenant(conn, lake, clean.tenant_id, commits=BeforeEachCommit(die_before_silver))
     bronze = lake.open(lake.table_uri(clean.tenant_id, BRONZE_EVENTS))
     silver = lake.open(lake.table_uri(clean.tenant_id, SILVER_CLAIMS))
     assert bronze.transaction_version("oml-lakewriter") > silver.transaction_version(

@@ -16,8 +16,12 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from oml_dagster.lake import queries
+from oml_dagster.lake.ingest import sequencer
+from oml_dagster.lake.ingest.fetch import Fetcher
 from oml_dagster.lake.queries import CROSS_ROLE, TENANT_ROLE, cross_scope, tenant_scope
+from oml_dagster.lake.store.open_tables import OpenTables
 from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.lake.write.writer import TenantBatch, WriterConfig
 from oml_dagster.simulate import producer
 from oml_dagster.simulate.producer import Act, Event, commit_acts
 
@@ -121,11 +125,22 @@ def _xact(conn) -> int:
     return conn.execute("SELECT txid_current()").fetchone()[0]
 
 
-def test_a_tenant_s_reads_share_one_scoped_transaction(writer_dsn, two_tenants):
-    """`tenant_reads` (a tenant batch's reads, issue 35): the scopes inside it are its own
-    transaction, in the tenant's role and id; without it each scope is a transaction of its
-    own. A scope of another tenant inside it is refused, and a failure inside it leaves neither
-    transaction nor scope behind."""
+class _CountingTransactions(psycopg.Connection):
+    """A connection that counts the transactions (and savepoints) opened on it."""
+
+    opened = 0
+
+    def transaction(self, *args, **kwargs):
+        self.opened += 1
+        return super().transaction(*args, **kwargs)
+
+
+def test_a_tenant_s_reads_share_one_scoped_transaction(writer_dsn, conn, lake, two_tenants):
+    """A tenant batch's read runs every PostgreSQL read in the one session its boundary opens:
+    one transaction, in the tenant's role and id, none of its own inside (the writer's login
+    role can run nothing outside a scope, so a read that left the session would fail). Apart,
+    each scope is a transaction of its own. A scope of another tenant inside a session is
+    refused, and a failure inside one leaves neither transaction nor scope behind."""
     a, b = two_tenants
     with psycopg.connect(writer_dsn, autocommit=True) as w:
         apart = []
@@ -133,21 +148,18 @@ def test_a_tenant_s_reads_share_one_scoped_transaction(writer_dsn, two_tenants):
             with tenant_scope(w, a):
                 apart.append(_xact(w))
         assert apart[0] != apart[1]
-        with queries.tenant_reads(w, a):
-            inside = []
-            for _ in range(2):
-                with tenant_scope(w, a):
-                    inside.append(_xact(w))
-                    seen = w.execute("SELECT DISTINCT tenant_id::text FROM oml.outbox").fetchall()
-                    assert seen == [(a,)]
+        with tenant_scope(w, a) as session:
+            inside = [_xact(session.conn) for _ in range(2)]
+            seen = session.execute("SELECT DISTINCT tenant_id::text FROM oml.outbox").fetchall()
+            assert seen == [(a,)] and session.tenant_id == a
             assert inside[0] == inside[1]
-            refused = pytest.raises(RuntimeError, match=f"a scope of tenant {b} inside the reads")
+            refused = pytest.raises(RuntimeError, match=f"a scope of tenant {b} inside the session")
             with refused, tenant_scope(w, b):
                 pass
         assert w.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         denied = pytest.raises(psycopg.errors.InsufficientPrivilege)
-        with denied, queries.tenant_reads(w, a), tenant_scope(w, a):
-            w.execute("DELETE FROM oml.outbox")
+        with denied, tenant_scope(w, a) as session:
+            session.execute("DELETE FROM oml.outbox")
         assert w.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert w.execute("SELECT current_user").fetchone()[0] not in (TENANT_ROLE, CROSS_ROLE)
         # After it, a scope is a transaction of its own again, and may be another tenant's.
@@ -155,6 +167,17 @@ def test_a_tenant_s_reads_share_one_scoped_transaction(writer_dsn, two_tenants):
             after = _xact(w)
             assert w.execute("SELECT current_setting('oml.tenant_id')").fetchone()[0] == b
         assert after not in inside
+
+    keys = producer.create_tenant(conn)
+    mixed_workload(conn, keys, claims=4)
+    sequencer.sequence(conn)
+    with _CountingTransactions.connect(writer_dsn, autocommit=True) as w, Fetcher(w) as fetcher:
+        batch = TenantBatch(
+            tables=OpenTables(lake), tenant_id=keys.tenant_id, config=WriterConfig()
+        )
+        read = batch.read(w, fetcher=fetcher, ahead=None)
+        assert read.seqs and read.ops and read.bodies  # the reads ran, and found rows
+        assert w.opened == 1
 
 
 def test_a_scope_takes_only_a_tenant_id(conn):

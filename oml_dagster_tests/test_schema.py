@@ -135,12 +135,12 @@ def test_the_column_file_holds_the_spec_rows_verbatim():
 def test_a_column_row_the_reader_cannot_type_is_refused_by_line_and_name():
     text = "silver.claims\nartifact_id\tSTRING\tutf8\tno\tok\nversion\tLONG\tint32\tno\tbad"
     with pytest.raises(ValueError, match=r"line 3: cannot read column 'version'"):
-        tables._read_columns(text)
+        tables.read_columns(text)
     with pytest.raises(ValueError, match=r"line 2: cannot read column 'a'"):
-        tables._read_columns("silver.claims\na\tSTRING\tutf8\tmaybe")
+        tables.read_columns("silver.claims\na\tSTRING\tutf8\tmaybe")
     with pytest.raises(ValueError, match=r"line 2: cannot read column 'b'"):
-        tables._read_columns("silver.claims\nb\tSTRING")  # a row cut short
-    parsed = tables._read_columns(text.replace("int32", "int64"))
+        tables.read_columns("silver.claims\nb\tSTRING")  # a row cut short
+    parsed = tables.read_columns(text.replace("int32", "int64"))
     assert [(f.name, f.type, f.nullable, m) for f, m in parsed["silver.claims"]] == [
         ("artifact_id", pa.string(), False, "ok"),
         ("version", pa.int64(), False, "bad"),

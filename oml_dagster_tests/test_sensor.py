@@ -187,7 +187,7 @@ def test_idle_and_drained_tenants_get_no_run_and_each_batch_one_key(conn, lake, 
 
     # A backlog longer than one run's batch: the run takes part of it, and the next tick asks for
     # the rest under a key of its own.
-    drain_tenant(conn, lake, a.tenant_id, WriterConfig(max_batch=10, txn_lag_limit=5))
+    drain_tenant(conn, lake, a.tenant_id, config=WriterConfig(max_batch=10, txn_lag_limit=5))
     third = requested(tick(defs, instance))[a.tenant_id]
     assert third not in (first, second)
     assert requested(tick(defs, instance))[a.tenant_id] == third
@@ -202,11 +202,11 @@ def test_after_a_lost_lake_each_rebuilt_batch_gets_a_new_key(conn, lake, defs, i
     seen = []
     while (key := requested(tick(defs, instance)).get(a.tenant_id)) is not None:
         seen.append(key)
-        drain_tenant(conn, lake, a.tenant_id, small)  # one run: one batch
+        drain_tenant(conn, lake, a.tenant_id, config=small)  # one run: one batch
     assert len(seen) >= 3 and len(set(seen)) == len(seen)
 
     delete_tenant_prefix(lake, a.tenant_id)
-    drain_tenant(conn, lake, a.tenant_id, small)  # the backfill's run: the first batch again
+    drain_tenant(conn, lake, a.tenant_id, config=small)  # the backfill's run: the first batch again
 
     key = requested(tick(defs, instance))[a.tenant_id]
     assert key not in seen
@@ -255,7 +255,7 @@ def test_taking_turns_visits_every_tenant_within_its_share_of_ticks(tenants, mos
 def test_a_tick_hands_the_daemon_a_bounded_share_of_many_tenants(
     conn, lake, defs, instance, monkeypatch
 ):
-    """Issue 35: the daemon adds each new partition and stores each event with a storage
+    """The daemon adds each new partition and stores each event with a storage
     connection of its own, so a tick adds at most MOST_NEW_PARTITIONS_PER_TICK partitions and
     reports the outbox of at most MOST_OUTBOX_EVENTS_PER_TICK tenants, in turns; runs are asked
     only for tenants that are partitions; the rest come on the next ticks."""

@@ -337,7 +337,7 @@ def test_a_cut_finds_its_rows_by_key_not_by_scanning_the_outbox(conn):
     conn.execute("SET client_min_messages = log")
     conn.execute("SET random_page_cost = 100")  # probes priced as on an outbox larger than memory
     with conn.transaction():
-        report, _ = sequencer._cut(conn, 1_000, None)
+        report, _ = sequencer.cut_in_transaction(conn, 1_000, None)
         settings = (
             conn.execute("SHOW enable_hashjoin").fetchone(),
             conn.execute("SHOW enable_mergejoin").fetchone(),

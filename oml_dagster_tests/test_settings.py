@@ -124,14 +124,17 @@ def test_the_cli_and_the_dagster_resource_derive_the_same_writer_config(monkeypa
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        resource, command_line = WriterResource().resolve().config, cli._writer_config(None)
+        resource, command_line = (
+            WriterResource().resolve().config,
+            from_settings.writer_config(None),
+        )
         assert resource == command_line, env
         assert (resource.max_batch, resource.txn_lag_limit) == expected, env
     # A run's config or --max-batch overrides OML_MAX_BATCH in the same way.
     monkeypatch.delenv("OML_TXN_LAG_LIMIT")
     assert (
         WriterResource(max_batch=8).resolve().config
-        == cli._writer_config(8)
+        == from_settings.writer_config(8)
         == WriterConfig.for_batch(8)
     )
 
@@ -146,7 +149,7 @@ def test_the_fold_timeout_and_memory_budget_come_from_their_settings_at_the_edge
     monkeypatch.setenv("OML_MEMORY_BUDGET_MIB", "500")
     for config in (
         from_settings.writer_config(),
-        cli._writer_config(None),
+        from_settings.writer_config(None),
         WriterResource().resolve().config,
     ):
         assert (config.fold_timeout_seconds, config.memory_budget_mib) == (12.5, 500)

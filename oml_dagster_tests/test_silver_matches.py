@@ -1,5 +1,5 @@
 """The writer's scan for the silver rows a `simulation.end` or an `area.validate` reads
-(`writer._matching_silver_keys`): the same keys as a filter over the whole table's rows, for any
+(`touched.matching_silver_keys`): the same keys as a filter over the whole table's rows, for any
 simulations, tainted simulations and workareas, from files written by appends and by MERGEs
 (view types), with null and empty derivation lists."""
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from oml_dagster.lake.model.tables import SILVER_CLAIMS, writer_properties
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import read_rows
-from oml_dagster.lake.write import writer
+from oml_dagster.lake.write.touched import matching_silver_keys
 from oml_dagster_tests.helpers import merge_rows
 
 SIMS = ["sim-a", "sim-b", "sim-c"]
@@ -89,7 +89,7 @@ def silver(tmp_path_factory):
 )
 def test_the_keys_are_those_a_filter_over_the_whole_table_finds(silver, sims, tainted, areas):
     table, everything = silver
-    got = writer._matching_silver_keys(table, sims, tainted, areas)
+    got = matching_silver_keys(table, sims=sims, tainted=tainted, workareas=areas)
     expected = {
         (r["artifact_id"], r["version"])
         for r in everything

@@ -52,7 +52,7 @@ from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.policy import lag, resolve_tenants
 from oml_dagster.lake.write import deadletter
 from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain_riding_through
-from oml_dagster.lake.write.writer import COMMITS, BatchResult, WriterConfig
+from oml_dagster.lake.write.writer import COMMITS, BatchResult
 from oml_dagster.settings import DEBUG, WRITER_PASSWORD
 
 from . import analytics as analytics_cli
@@ -101,12 +101,6 @@ def cmd_sequence(args: argparse.Namespace) -> int:
     if not report.tenants:
         _print("nothing to sequence")
     return EXIT_OK
-
-
-def _writer_config(max_batch: int | None) -> WriterConfig:
-    """The batch settings of OML_MAX_BATCH and OML_TXN_LAG_LIMIT (as the Dagster resource takes
-    them), `--max-batch` over the first."""
-    return from_settings.writer_config(max_batch)
 
 
 def _cadence(hours: float | None) -> dt.timedelta:
@@ -195,7 +189,7 @@ class _DrainPrinted(DrainObserver):
 
 def cmd_drain(args: argparse.Namespace) -> int:
     lake = from_settings.lake()
-    config = _writer_config(args.max_batch)
+    config = from_settings.writer_config(args.max_batch)
     retry = retry_policy()
     tenants = None
     if args.tenant:  # an unknown tenant is refused before anything is sequenced or written
@@ -250,11 +244,6 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _tenants(conn, named: list[str] | None) -> list[str]:
-    """The tenants named (each one Postgres knows, else exit 2), else every tenant it knows."""
-    return resolve_tenants(conn, named)
-
-
 def cmd_erasure_evidence(args: argparse.Namespace) -> int:
     """Exit 1 unless the SLO holds for every tenant: a breach, or an erasure at risk (which waits
     on an operator), is what `doctor` reports too, from the same verdict."""
@@ -262,7 +251,7 @@ def cmd_erasure_evidence(args: argparse.Namespace) -> int:
     cadence = _cadence(args.cadence_hours)
     unwell = False
     with from_settings.connect() as conn:
-        for tenant_id in _tenants(conn, args.tenant):
+        for tenant_id in resolve_tenants(conn, args.tenant):
             verdict = erasure_verdict(conn, lake, tenant_id, cadence=cadence)
             evidence, per_artifact = verdict.evidence, verdict.artifacts
             assert evidence is not None and per_artifact is not None  # a verdict carries both
@@ -344,7 +333,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     lake = from_settings.lake()
     found = False
     with from_settings.connect() as conn:
-        for tenant_id in _tenants(conn, args.tenant):
+        for tenant_id in resolve_tenants(conn, args.tenant):
             result = reconcile(conn, lake, tenant_id)
             found |= not result.ok
             if args.json:
@@ -369,7 +358,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     lag_limit = dt.timedelta(seconds=args.lag_seconds)
     unwell = False
     with from_settings.connect() as conn:
-        for tenant_id in _tenants(conn, args.tenant):
+        for tenant_id in resolve_tenants(conn, args.tenant):
             health = examine(conn, lake, tenant_id, cadence=cadence, lag_limit=lag_limit)
             unwell |= not health.healthy
             if args.json:
@@ -400,13 +389,13 @@ def cmd_deadletter_list(args: argparse.Namespace) -> int:
             closed = (
                 f" [resolved {d.resolved_at:%Y-%m-%dT%H:%M:%SZ} by {d.resolved_by}: {d.resolution}]"
             )
-        _print(f"seq {d.seq} tenant {d.tenant_id} {_refusal(d.op, d.reason)}{closed}")
+        _print(f"seq {d.seq} tenant {d.tenant_id} {refusal_line(d.op, d.reason)}{closed}")
     if not letters:
         _print("no dead letters")
     return EXIT_OK
 
 
-def _refusal(op: str, reason: str) -> str:
+def refusal_line(op: str, reason: str) -> str:
     """`op: reason`, without the op twice when the reason already starts with it."""
     return reason if reason.startswith((f"{op}:", f"{op} ")) else f"{op}: {reason}"
 

@@ -1,7 +1,7 @@
 """The lake as tenant-partitioned assets (DESIGN §4): the Postgres outbox upstream, and the five
 lake tables that one lake-writer run brings forward together.
 
-The core folds one batch of a tenant's ops into every table at once (`drain_tenant`), so the five
+The core folds one batch of a tenant's ops into every table at once (a `TenantBatch`), so the five
 tables are one multi-asset. A run keeps sequencing and draining its tenant, batch after batch,
 through the core's drain loop until the tenant is idle or the run's time cap passes (ADR 0021),
 and reports each table's commits over the whole run as that asset's materialization. The
@@ -165,8 +165,8 @@ def _summary(passes: list[DrainPass], results: list[BatchResult], metadata: dict
     commits: Counter[str] = Counter()
     rows: Counter[str] = Counter()
     for t in (t for r in results for t in r.tables):
-        commits[t.table] += t.action in COMMITS
-        rows[t.table] += t.rows
+        commits[t.name] += t.action in COMMITS
+        rows[t.name] += t.rows
     tables = ", ".join(f"{name} {commits[name]} commits {rows[name]} rows" for name in rows)
     run = next(iter(metadata.values()))  # the run's bounds and counts, the same for every table
     lag_ops = max((m.get("lag_ops", 0) for m in metadata.values()), default=0)

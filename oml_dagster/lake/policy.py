@@ -13,7 +13,7 @@ import psycopg
 
 from oml_dagster.lake import queries
 from oml_dagster.lake.errors import UnknownTenant
-from oml_dagster.lake.queries import cross_scope, tenant_scope
+from oml_dagster.lake.queries import TenantSession, cross_scope, tenant_scope
 
 # A tenant without a policy row gets this bound (oml.tenant_policy's own default).
 DEFAULT_ERASURE_BOUND = dt.timedelta(days=7)
@@ -62,8 +62,13 @@ def _in_outbox(conn: psycopg.Connection, tenant_id: str) -> bool:
 
 def erasure_bound(conn: psycopg.Connection, tenant_id: str) -> dt.timedelta:
     """The tenant's `lake_erasure_bound`; DEFAULT_ERASURE_BOUND without a policy row."""
-    with tenant_scope(conn, tenant_id):
-        row = conn.execute(queries.ERASURE_BOUND, (tenant_id,)).fetchone()
+    with tenant_scope(conn, tenant_id) as session:
+        return read_erasure_bound(session)
+
+
+def read_erasure_bound(session: TenantSession) -> dt.timedelta:
+    """`erasure_bound` in a session already open for the tenant."""
+    row = session.execute(queries.ERASURE_BOUND, (session.tenant_id,)).fetchone()
     return row[0] if row else DEFAULT_ERASURE_BOUND
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
@@ -98,15 +98,15 @@ ANY_JOINS = "SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO
 
 # The cut's own settings, for its transaction: no JIT (a cut of 100,000 rows passes the
 # planner's JIT threshold and compiled 14 functions it then ran once: 0.1-0.3 s of a 2.5-2.9 s
-# cut) and room to number the cut in memory (the default 4 MB sorted 100,000 rows on disk).
-# bench/RESULTS.md, issue 35.
+# cut) and room to number the cut in memory (the default 4 MB sorted 100,000 rows on disk;
+# bench/RESULTS.md).
 CUT_SETTINGS = "SET LOCAL jit = off; SET LOCAL work_mem = '64MB'"
 
 # Whether any row is unsequenced: the first entry of outbox_unsequenced, which the ORDER BY
 # makes the planner read whatever its statistics say. The counts below are run only when it
 # finds one: right after a large cut the statistics still count the rows it numbered as
 # unsequenced, and the planner scanned the whole outbox for them (80 ms per 200,000 rows,
-# twice per cut that found nothing: a drain until idle made one per pass. Issue 35).
+# twice per cut that found nothing, and a drain until idle made one per pass).
 ANY_UNSEQUENCED = (
     "SELECT 1 FROM oml.outbox WHERE seq IS NULL ORDER BY tenant_id, journal_seq, id LIMIT 1"
 )
@@ -117,7 +117,7 @@ SEQUENCE_PENDING = (
 )
 
 # Every tenant of a cut in one statement (one round trip per tenant was a second per 1,000
-# tenants' cut on a loaded machine: issue 35).
+# tenants' cut on a loaded machine).
 SEQUENCER_TENANT_UPSERT = (
     "INSERT INTO oml.sequencer_tenant (tenant_id, last_journal_seq, last_seq)"
     " SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bigint[])"
@@ -471,42 +471,40 @@ def tenant_text(tenant_id: str) -> str:
         raise ValueError(f"tenant {tenant_id!r} is not a UUID") from None
 
 
-# Connections inside a `tenant_reads` transaction, and for which tenant.
-_READING: weakref.WeakKeyDictionary[psycopg.Connection, str] = weakref.WeakKeyDictionary()
+class TenantSession:
+    """A connection acting for one tenant inside one transaction (`tenant_scope`). The reads and
+    writes of a tenant batch's phase take it: their statements run in the transaction the phase
+    opened at its boundary, in the tenant's role, and know the tenant from it."""
+
+    __slots__ = ("conn", "tenant_id")
+
+    def __init__(self, conn: psycopg.Connection, tenant_id: str):
+        self.conn = conn
+        self.tenant_id = tenant_id
+
+    def execute(self, statement: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[Any]:
+        return self.conn.execute(statement, params)
+
+
+# The tenant a transaction acts for (empty or NULL outside a tenant's scope).
+CURRENT_TENANT = "SELECT current_setting('oml.tenant_id', true)"
 
 
 @contextmanager
-def tenant_scope(conn: psycopg.Connection, tenant_id: str) -> Iterator[psycopg.Connection]:
-    """A transaction on `conn` acting for `tenant_id` alone. Inside a transaction already open
-    the scope is a savepoint, and role and tenant hold until that transaction ends; inside
-    `tenant_reads` of the same tenant it is that transaction itself."""
+def tenant_scope(conn: psycopg.Connection, tenant_id: str) -> Iterator[TenantSession]:
+    """A transaction on `conn` acting for `tenant_id` alone, as a session to run statements in.
+    Inside a transaction already open the scope is a savepoint, and role and tenant hold until
+    that transaction ends; inside another tenant's scope it is refused, as it would leave that
+    tenant's statements in this one's role and id."""
     tenant = tenant_text(tenant_id)
-    reading = _READING.get(conn)
-    if reading == tenant:
-        yield conn
-        return
-    if reading is not None:
-        # A savepoint would leave the other tenant's role and id set for the rest of the reads.
-        raise RuntimeError(f"a scope of tenant {tenant} inside the reads of tenant {reading}")
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        row = conn.execute(CURRENT_TENANT).fetchone()
+        acting = row[0] if row else None
+        if acting and acting != tenant:
+            raise RuntimeError(f"a scope of tenant {tenant} inside the session of tenant {acting}")
     with conn.transaction():
         conn.execute(SCOPE, (TENANT_ROLE, tenant))
-        yield conn
-
-
-@contextmanager
-def tenant_reads(conn: psycopg.Connection, tenant_id: str) -> Iterator[psycopg.Connection]:
-    """One `tenant_scope` transaction for a run of reads: every `tenant_scope` of the same
-    tenant inside it runs its statements in this transaction, without a savepoint or a scope of
-    its own (a tenant batch's five or six reads were as many BEGIN/scope/COMMIT rounds). For
-    reads only: a failed statement ends the whole transaction, as it would without a savepoint.
-    """
-    tenant = tenant_text(tenant_id)
-    with tenant_scope(conn, tenant):
-        _READING[conn] = tenant
-        try:
-            yield conn
-        finally:
-            _READING.pop(conn, None)
+        yield TenantSession(conn, tenant)
 
 
 @contextmanager
@@ -517,12 +515,21 @@ def cross_scope(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
         yield conn
 
 
+def scalar(cursor: psycopg.Cursor[Any]) -> Any:
+    """The first column of a statement's one row (an aggregate's, a RETURNING's); LookupError
+    when it returned none."""
+    row = cursor.fetchone()
+    if row is None:
+        raise LookupError("the statement returned no row")
+    return row[0]
+
+
 # --- small reads the Dagster layer runs --------------------------------------------------------
 
 
 def ops_in(conn: psycopg.Connection, tenant_id: str, after: int, through: int) -> int:
     """How many of the tenant's outbox rows have a seq in (after, through]."""
-    return conn.execute(OUTBOX_COUNT_IN, (tenant_id, after, through)).fetchone()[0]
+    return int(scalar(conn.execute(OUTBOX_COUNT_IN, (tenant_id, after, through))))
 
 
 def frontier_versions(conn: psycopg.Connection, tenant_id: str) -> dict[str, tuple[int, int]]:

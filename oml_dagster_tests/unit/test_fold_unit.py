@@ -822,7 +822,7 @@ def test_applying_an_op_twice_is_applying_it_once(steps):
 # --- one fold: the writer's batches and the reconciler's pass ----------------------------------
 # `catalog.fold` is the writer's fold (a batch at a time, its decided frontier, the refusals
 # recorded so far) and the reconciler's (the whole outbox, every op decided, read-only). These
-# tests fold the same outbox rows both ways, as `writer._drain_batch` and
+# tests fold the same outbox rows both ways, as `TenantBatch.fold` and
 # `reconcile.fold_outbox` call it, and compare the rows.
 
 

@@ -29,6 +29,7 @@ from oml_dagster.lake.audit.erasure import (
     ArtifactEvidence,
     ErasedArtifact,
     ErasureEvidence,
+    ErasureState,
     erased_artifacts,
     erasure_evidence,
 )
@@ -110,8 +111,11 @@ def erasure_verdict(
 ) -> ErasureVerdict:
     """The tenant's erasure SLO verdict from the table evidence and the per-version evidence,
     read at one instant."""
-    evidence = erasure_evidence(conn, lake, tenant_id, cadence=cadence, now=now)
-    artifacts = erased_artifacts(conn, lake, tenant_id, cadence=cadence, now=evidence.checked_at)
+    state = ErasureState.read(conn, lake, tenant_id)
+    evidence = erasure_evidence(conn, lake, tenant_id, cadence=cadence, now=now, state=state)
+    artifacts = erased_artifacts(
+        conn, lake, tenant_id, cadence=cadence, now=evidence.checked_at, state=state
+    )
     verdict = ErasureVerdict(
         tenant_id, evidence.bound, cadence, evidence=evidence, artifacts=artifacts
     )

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 
 from oml_dagster.lake import queries
 from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
-from oml_dagster.lake.policy import DEFAULT_CADENCE, erasure_bound
-from oml_dagster.lake.queries import tenant_scope
+from oml_dagster.lake.policy import DEFAULT_CADENCE, read_erasure_bound
+from oml_dagster.lake.queries import TenantSession, tenant_scope
 from oml_dagster.lake.store import deltalog
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import query, tenant_tables
@@ -68,7 +69,7 @@ class ErasureEvidence:
     cadence: dt.timedelta
     tables: list[TableEvidence] = field(default_factory=list)
     # (seq or outbox id, artifact_id, reason) of erases the lake refused and nobody re-enqueued.
-    dead_lettered_erases: list[tuple[int, str, str]] = field(default_factory=list)
+    dead_lettered_erases: list[tuple[int | None, str, str | None]] = field(default_factory=list)
     # (outbox id, artifact_id, age in seconds) of erases not yet applied to silver.
     pending_erases: list[tuple[int, str, float]] = field(default_factory=list)
 
@@ -112,7 +113,15 @@ class ErasureEvidence:
         return out
 
 
-def _log_boundary(listing: deltalog.Listing, table) -> int:
+def _existing(lake: Lake, uri: str) -> DeltaTable:
+    """The table at `uri`, which the tenant's listing found."""
+    table = lake.open(uri)
+    if table is None:
+        raise FileNotFoundError(f"{uri}: no Delta table there")
+    return table
+
+
+def _log_boundary(listing: deltalog.Listing, table: DeltaTable) -> int:
     """Log entries below this version are ones log cleanup can expire (given a checkpoint)."""
     checkpoint = listing.last_checkpoint()
     return checkpoint if checkpoint is not None else table.version()
@@ -126,7 +135,7 @@ def _table_evidence(
     data_deadline: dt.timedelta,
     log_deadline: dt.timedelta,
 ) -> TableEvidence:
-    table = lake.open(uri)
+    table = _existing(lake, uri)
     erased = query(
         table, "count(*) AS n, count(body_ciphertext) AS with_body", "state = 'erased'"
     ).to_pylist()[0]
@@ -166,12 +175,14 @@ def erasure_evidence(
     *,
     cadence: dt.timedelta = DEFAULT_CADENCE,  # the maintenance cadence allowed past the bound
     now: dt.datetime | None = None,
+    state: ErasureState | None = None,
 ) -> ErasureEvidence:
     """The erasure check's evidence per table of the tenant (erased rows still holding a body,
     superseded or orphan files past their deadline, log entries past theirs) and the erases
-    the lake dead-lettered or has not applied yet."""
+    the lake dead-lettered or has not applied yet. `state`: the tenant's erasure state when the
+    caller read it already (`ErasureState.read`)."""
     now = now or dt.datetime.now(dt.UTC)
-    state = _ErasureState.read(conn, lake, tenant_id)
+    state = state or ErasureState.read(conn, lake, tenant_id)
     bound = state.bound
     evidence = ErasureEvidence(tenant_id, now, bound, cadence)
     for name, spec, uri in tenant_tables(lake, tenant_id):
@@ -188,6 +199,10 @@ def erasure_evidence(
         if not e.refused and e.key not in state.in_lake
     ]
     return evidence
+
+
+# A claim version: (artifact_id, version); the version is None when the erase's is unreadable.
+ErasureKey = tuple[str, int | None]
 
 
 @dataclass(frozen=True)
@@ -208,9 +223,8 @@ class _Erase:
         return (self.artifact_id, self.version)
 
 
-def _erases(conn: psycopg.Connection, tenant_id: str) -> list[_Erase]:
-    with tenant_scope(conn, tenant_id):
-        rows = conn.execute(queries.ERASE_ACTS, (tenant_id,)).fetchall()
+def _erases(session: TenantSession) -> list[_Erase]:
+    rows = session.execute(queries.ERASE_ACTS, (session.tenant_id,)).fetchall()
     found = []
     for outbox_id, seq, payload, created, refused, open_letter, reason in rows:
         payload = payload if isinstance(payload, dict) else {}
@@ -238,16 +252,16 @@ def _erases(conn: psycopg.Connection, tenant_id: str) -> list[_Erase]:
     return found
 
 
-def _first_erased_at(erases: list[_Erase]) -> dict[tuple, dt.datetime]:
+def _first_erased_at(erases: list[_Erase]) -> dict[ErasureKey, dt.datetime]:
     """Per claim version, its first erase act: the SLO clock does not restart on a requeue."""
-    first: dict[tuple, dt.datetime] = {}
+    first: dict[ErasureKey, dt.datetime] = {}
     for e in erases:
         first[e.key] = min(first.get(e.key, e.at), e.at)
     return first
 
 
 @dataclass(frozen=True)
-class _ErasureState:
+class ErasureState:
     """What both reports start from: the tenant's erasure bound, its claim.erase acts, each
     claim version's first erase act (the SLO clock), and the versions live silver shows erased.
     The Delta table is the authority for "erased in the lake": the frontier cache would pass a
@@ -255,14 +269,17 @@ class _ErasureState:
 
     bound: dt.timedelta
     erases: list[_Erase]
-    first: dict[tuple, dt.datetime]
+    first: dict[ErasureKey, dt.datetime]
     in_lake: set[tuple[str, int]]
 
     @classmethod
-    def read(cls, conn: psycopg.Connection, lake: Lake, tenant_id: str) -> _ErasureState:
-        erases = _erases(conn, tenant_id)
+    def read(cls, conn: psycopg.Connection, lake: Lake, tenant_id: str) -> ErasureState:
+        """The state, its PostgreSQL part read in one session of the tenant."""
+        with tenant_scope(conn, tenant_id) as session:
+            erases = _erases(session)
+            bound = read_erasure_bound(session)
         return cls(
-            erasure_bound(conn, tenant_id),
+            bound,
             erases,
             _first_erased_at(erases),
             _erased_in_silver(lake, tenant_id),
@@ -308,7 +325,7 @@ class Copy:
     path: str
     expires_at: dt.datetime | None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "class": self.copy_class,  # live, superseded, orphan, log or checkpoint
             "table": self.table,
@@ -341,7 +358,7 @@ class ErasedArtifact:
             return True
         return bool(self.copies) and now + margin >= self.deadline
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "artifact_id": self.artifact_id,
             "version": self.version,
@@ -369,7 +386,7 @@ class ArtifactEvidence:
         margin = self.cadence if margin is None else margin
         return [a for a in self.artifacts if a.at_risk(self.checked_at, margin)]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "tenant_id": self.tenant_id,
             "checked_at": _iso(self.checked_at),
@@ -396,14 +413,14 @@ def _applied_at(lake: Lake, tenant_id: str) -> list[tuple[int, dt.datetime]]:
     return sorted(commits)
 
 
-def _bodies_in_file(fs, path: str, wanted: set[tuple[str, int]]) -> dict[tuple, bytes]:
+def _bodies_in_file(fs: Any, path: str, wanted: set[ErasureKey]) -> dict[ErasureKey, bytes]:
     """The erased versions whose body a Parquet data file holds, read from its rows."""
     try:
         with fs.open_input_file(path) as f:
             data = pq.read_table(f, columns=["artifact_id", "version", "body_ciphertext"])
     except (pa.ArrowException, OSError, KeyError):  # not a Parquet file of this table
         return {}
-    found = {}
+    found: dict[ErasureKey, bytes] = {}
     for row in data.to_pylist():
         key = (row["artifact_id"], row["version"])
         if key in wanted and row["body_ciphertext"] is not None:
@@ -411,25 +428,17 @@ def _bodies_in_file(fs, path: str, wanted: set[tuple[str, int]]) -> dict[tuple, 
     return found
 
 
-def erased_artifacts(
-    conn: psycopg.Connection,
-    lake: Lake,
-    tenant_id: str,
-    *,
-    cadence: dt.timedelta = DEFAULT_CADENCE,
-    now: dt.datetime | None = None,
-) -> ArtifactEvidence:
-    """Every erased claim version of the tenant (erased in silver, or with an erase in the
-    outbox), its deadline, and every file of silver and the curated tables that still holds its
-    ciphertext: data files by their rows, log entries and checkpoints by their bytes."""
-    now = now or dt.datetime.now(dt.UTC)
-    state = _ErasureState.read(conn, lake, tenant_id)
+def _erased_versions(
+    state: ErasureState,
+    commits: list[tuple[int, dt.datetime]],
+    now: dt.datetime,
+    cadence: dt.timedelta,
+) -> dict[ErasureKey, ErasedArtifact]:
+    """Each erased claim version with its status and deadline (no copies yet)."""
     bound, erases, first, in_lake = state.bound, state.erases, state.first, state.in_lake
-    evidence = ArtifactEvidence(tenant_id, now, bound, cadence)
     keys = {k for k in first if k[1] is not None} | in_lake
-    commits = _applied_at(lake, tenant_id)
 
-    by_key: dict[tuple, ErasedArtifact] = {}
+    by_key: dict[ErasureKey, ErasedArtifact] = {}
     for key in sorted(keys, key=repr):
         of_key = [e for e in erases if e.key == key]
         erased_at = first.get(key)
@@ -451,8 +460,30 @@ def erased_artifacts(
                 status = REFUSED
             else:
                 status = PENDING
+            erased_at = first[key]  # not in the lake: the key is an erase act's
             deadline = erased_at + bound + cadence
         by_key[key] = ErasedArtifact(key[0], key[1], erased_at, status, applied_at, deadline)
+    return by_key
+
+
+def erased_artifacts(
+    conn: psycopg.Connection,
+    lake: Lake,
+    tenant_id: str,
+    *,
+    cadence: dt.timedelta = DEFAULT_CADENCE,
+    now: dt.datetime | None = None,
+    state: ErasureState | None = None,
+) -> ArtifactEvidence:
+    """Every erased claim version of the tenant (erased in silver, or with an erase in the
+    outbox), its deadline, and every file of silver and the curated tables that still holds its
+    ciphertext: data files by their rows, log entries and checkpoints by their bytes. `state`: as
+    `erasure_evidence` takes it."""
+    now = now or dt.datetime.now(dt.UTC)
+    state = state or ErasureState.read(conn, lake, tenant_id)
+    bound = state.bound
+    evidence = ArtifactEvidence(tenant_id, now, bound, cadence)
+    by_key = _erased_versions(state, _applied_at(lake, tenant_id), now, cadence)
     evidence.artifacts = list(by_key.values())
     if not by_key:
         return evidence
@@ -461,13 +492,13 @@ def erased_artifacts(
     for name, spec, uri in tenant_tables(lake, tenant_id):
         if spec not in (SILVER_CLAIMS, GOLD_CURATED):
             continue
-        table = lake.open(uri)
+        table = _existing(lake, uri)
         fs = lake.filesystem(uri)
         prefix = uri[len(lake.tenant_uri(tenant_id)) + 1 :] + "/"
         live = deltalog.live_files(table)
         listing = deltalog.list_files(fs)
         removed = deltalog.tombstones(fs, listing.log)
-        ciphertexts: dict[tuple, bytes] = {}
+        ciphertexts: dict[ErasureKey, bytes] = {}
         for path in sorted(p for p in listing.data if p.endswith(".parquet")):
             for key, body in _bodies_in_file(fs, path, wanted).items():
                 ciphertexts[key] = body

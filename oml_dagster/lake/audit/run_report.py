@@ -122,7 +122,7 @@ def _table_report(
     outcomes: list[TableOutcome],
     frontier: Mapping[str, tuple[int, int | None]],
 ) -> TableReport:
-    mine = [t for t in outcomes if TableId.parse(t.table).spec_name == spec.name]
+    mine = [t for t in outcomes if t.table.spec_name == spec.name]
     standing = {
         TableId.parse(name).workarea_id: state
         for name, state in frontier.items()

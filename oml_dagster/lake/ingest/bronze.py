@@ -12,6 +12,7 @@ already holds, or that occurs twice (a replay, or a conflicting event: one row p
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,11 +36,11 @@ _SECONDS = "%Y-%m-%dT%H:%M:%S"
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
-def _false_if_null(mask) -> pa.ChunkedArray:
+def _false_if_null(mask: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.fill_null(mask, False)
 
 
-def _all(*masks) -> pa.ChunkedArray:
+def _all(*masks: pa.ChunkedArray) -> pa.ChunkedArray:
     out = masks[0]
     for mask in masks[1:]:
         out = pc.and_kleene(out, mask)
@@ -53,22 +54,22 @@ class _Fields:
     def __init__(self, fetched: pa.Table):
         self.f = fetched
 
-    def text(self, name: str):
+    def text(self, name: str) -> pa.ChunkedArray:
         return self.f[f"f_{name}"]
 
-    def typed(self, name: str, json_type: str):
+    def typed(self, name: str, json_type: str) -> pa.ChunkedArray:
         return _false_if_null(pc.equal(self.f[f"t_{name}"], json_type))
 
-    def matches(self, name: str, pattern: str, json_type: str | None = None):
+    def matches(self, name: str, pattern: str, json_type: str | None = None) -> pa.ChunkedArray:
         """The field's text matches `pattern`; `json_type` is needed only where the text of a
         value of another type could match (queries.TYPED_FIELDS)."""
         match = pc.match_substring_regex(self.text(name), pattern)
         return _all(self.typed(name, json_type), match) if json_type else _false_if_null(match)
 
-    def non_empty(self, name: str):
+    def non_empty(self, name: str) -> pa.ChunkedArray:
         return _all(self.typed(name, "string"), pc.greater(pc.utf8_length(self.text(name)), 0))
 
-    def optional(self, name: str, check):
+    def optional(self, name: str, check: pa.ChunkedArray) -> pa.ChunkedArray:
         """Absent or JSON null (no text either way), or passing `check`."""
         return _false_if_null(pc.or_kleene(pc.is_null(self.text(name)), check))
 
@@ -183,7 +184,7 @@ def decode_base64(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     else:
         text[ends[one] - 1] = ord("A")
         text[ends[two] - 2] = ord("A")
-        decoded = np.frombuffer(pybase64.b64decode(text, validate=True), np.uint8)
+        decoded = np.frombuffer(pybase64.b64decode(text.data, validate=True), np.uint8)
     decoded_ends = ends // 4 * 3
     if one.any():
         keep = np.ones(len(decoded), bool)
@@ -234,7 +235,7 @@ def json_texts(texts: pa.ChunkedArray, among: pa.ChunkedArray) -> pa.ChunkedArra
     return pc.replace_with_mask(shaped.combine_chunks(), rest.combine_chunks(), parsed)
 
 
-def _int64s(values) -> pa.Array:
+def _int64s(values: Iterable[int]) -> pa.Array:
     return pa.array(sorted(values), pa.int64())
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -54,10 +55,11 @@ class Batch:
 
     @property
     def seqs(self) -> list[int]:
-        return self.columns.column("seq").to_pylist()
+        seqs: list[int] = self.columns.column("seq").to_pylist()
+        return seqs
 
     def __len__(self) -> int:
-        return self.columns.num_rows
+        return int(self.columns.num_rows)
 
 
 def second_conninfo(conn: psycopg.Connection) -> str:
@@ -75,7 +77,7 @@ class Fetcher:
 
     def __init__(self, conn: psycopg.Connection):
         self._conninfo = second_conninfo(conn)
-        self._adbc = None
+        self._adbc: Any = None  # an ADBC DB-API connection (the driver ships no types)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -87,7 +89,8 @@ class Fetcher:
                 self._adbc = adbc.connect(self._conninfo, autocommit=True)
                 with self._adbc.cursor() as cur:
                     cur.execute(FETCH_WORK_MEM)
-            # The statement runs in the tenant's scope (scopes.py): a transaction of its own.
+            # The statement runs in the tenant's scope (queries.tenant_scope's role and id): a
+            # transaction of its own.
             with self._adbc.cursor() as cur:
                 cur.execute("BEGIN")
                 try:
@@ -102,7 +105,9 @@ class Fetcher:
                 cur.execute("COMMIT")
                 return Batch(after, columns, max_ops)
 
-    def fetch_async(self, tenant_id: str, after: int, max_ops: int, max_bytes: int):
+    def fetch_async(
+        self, tenant_id: str, after: int, max_ops: int, max_bytes: int
+    ) -> Future[Batch]:
         """`fetch` on the fetcher's worker thread."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="oml-fetch")
@@ -119,5 +124,5 @@ class Fetcher:
     def __enter__(self) -> Fetcher:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
@@ -90,12 +91,12 @@ class SequencerReport:
 def sequence(conn: psycopg.Connection, limit: int | None = None) -> SequencerReport:
     """Run one cut of at most `limit` rows (CUT_LIMIT); commits its own transaction."""
     with cross_scope(conn):
-        report, _ = _cut(conn, CUT_LIMIT if limit is None else limit, None)
+        report, _ = cut_in_transaction(conn, CUT_LIMIT if limit is None else limit, None)
         _count_waiting(conn, report)
     return report
 
 
-def _cut(
+def cut_in_transaction(
     conn: psycopg.Connection, limit: int, pending: dict[str, int] | None
 ) -> tuple[SequencerReport, dict[str, int]]:
     """One cut, in the caller's transaction, sharing `limit` by `pending` (each tenant's
@@ -105,7 +106,7 @@ def _cut(
     conn.execute(queries.ADVISORY_XACT_LOCK, (queries.SEQUENCER_LOCK,))
     conn.execute(queries.CUT_SETTINGS)
     # The statement's snapshot is taken after the lock: it sees every earlier cut's seqs.
-    start = conn.execute(queries.MAX_SEQ).fetchone()[0]
+    start = queries.scalar(conn.execute(queries.MAX_SEQ))
     if pending is None:
         pending = (
             dict(conn.execute(queries.SEQUENCE_PENDING).fetchall())
@@ -137,7 +138,9 @@ def _cut(
     return report, pending
 
 
-def _assign(conn: psycopg.Connection, params: dict) -> list[tuple[str, int, int, int, int]]:
+def _assign(
+    conn: psycopg.Connection, params: dict[str, Any]
+) -> list[tuple[str, int, int, int, int]]:
     """Numbers the cut's rows, each found by its primary key (queries.INDEX_JOINS_ONLY says
     why). Per tenant: (tenant_id, rows, first seq, last seq, last journal_seq)."""
     conn.execute(queries.INDEX_JOINS_ONLY)
@@ -155,7 +158,7 @@ def _count_waiting(conn: psycopg.Connection, report: SequencerReport) -> None:
     """The rows still unsequenced, into `report`: behind a gap, or deferred to a later cut."""
     if not _any_unsequenced(conn):
         return
-    now = conn.execute(queries.CLOCK).fetchone()[0]
+    now = queries.scalar(conn.execute(queries.CLOCK))
     for tenant_id, count, min_journal, oldest, last_journal in conn.execute(
         queries.UNSEQUENCED_BY_TENANT
     ):
@@ -189,7 +192,7 @@ def sequence_for_batches(
     pending: dict[str, int] | None = None
     for n in range(MOST_CUTS_PER_PASS):
         with cross_scope(conn):
-            cut, pending = _cut(conn, limit, pending)
+            cut, pending = cut_in_transaction(conn, limit, pending)
             report = report.then(cut)
             pending = {
                 t: left
@@ -215,7 +218,7 @@ def pending_tenants(
     """Tenants with sequenced ops beyond what the frontier cache says is drained, as
     (tenant_id, last_seq, drained_through). One aggregate query, whatever the tenant count."""
     query = queries.PENDING_TENANTS
-    params: list = []
+    params: list[Any] = []
     if tenant_ids:
         query += queries.PENDING_TENANTS_OF
         params.append(tenant_ids)

@@ -10,7 +10,7 @@ written to be harmless on a table that already holds the op's effect.
 `fold` runs the three over a sequence of ops: the one fold the writer commits and the
 reconciler compares (ADR 0050).
 
-Why one file (1074 lines): the catalog is one table of rules. Every op's fields, check and effect sit side
+Why one file: the catalog is one table of rules. Every op's fields, check and effect sit side
 by side because the rules refer to each other (a retract after a promote, a held reassign, an
 erase of a retracted claim); split by op, those cross-op rules would be read across files.
 """
@@ -41,6 +41,8 @@ from oml_dagster.lake.model.tables import (
     PROVENANCES,
     SILVER_CLAIMS,
     ClaimState,
+    Key,
+    KeyedWork,
     Row,
     TenantState,
     area_descendants,
@@ -162,20 +164,20 @@ def json_text(field: str, value: Any) -> str:
         json.loads(value)
     except ValueError:
         raise _fail(field, "JSON text", value) from None
-    return value
+    return str(value)
 
 
 def one_of(*allowed: str) -> Callable[[str, Any], str]:
     def parse(field: str, value: Any) -> str:
         if value not in allowed:
             raise _fail(field, "one of " + "|".join(allowed), value)
-        return value
+        return str(value)
 
     return parse
 
 
-def list_of(item: Callable[[str, Any], Any]) -> Callable[[str, Any], list]:
-    def parse(field: str, value: Any) -> list:
+def list_of(item: Callable[[str, Any], Any]) -> Callable[[str, Any], list[Any]]:
+    def parse(field: str, value: Any) -> list[Any]:
         if not isinstance(value, list):
             raise _fail(field, "a list", value)
         return [item(f"{field}[{i}]", v) for i, v in enumerate(value)]
@@ -183,8 +185,8 @@ def list_of(item: Callable[[str, Any], Any]) -> Callable[[str, Any], list]:
     return parse
 
 
-def record(*fields: Field) -> Callable[[str, Any], dict]:
-    def parse(field: str, value: Any) -> dict:
+def record(*fields: Field) -> Callable[[str, Any], dict[str, Any]]:
+    def parse(field: str, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise _fail(field, "an object", value)
         return parse_fields(value, fields, prefix=f"{field}.", strict=True)
@@ -200,14 +202,14 @@ class Field:
     nullable: bool = False
 
 
-def unknown_fields(payload: dict, fields: tuple[Field, ...]) -> list[str]:
+def unknown_fields(payload: dict[str, Any], fields: tuple[Field, ...]) -> list[str]:
     declared = {f.name for f in fields}
     return sorted(name for name in payload if name not in declared)
 
 
 def parse_fields(
-    payload: dict, fields: tuple[Field, ...], prefix: str = "", strict: bool = False
-) -> dict:
+    payload: dict[str, Any], fields: tuple[Field, ...], prefix: str = "", strict: bool = False
+) -> dict[str, Any]:
     """Parse the declared fields of `payload`; absent optional fields are left out. `strict`
     refuses fields the declaration does not name."""
     if strict and (unknown := unknown_fields(payload, fields)):
@@ -374,13 +376,12 @@ def _retract_everywhere(op: Op, state: TenantState, new_state: ClaimState) -> No
     else:
         workarea_id = None
     for curated in _curated_holding(state, key, workarea_id):
-        curated_row = curated.get(key)
-        changed = _retracted(curated_row, new_state, at)
+        changed = _retracted(curated.held(key), new_state, at)
         if changed is not None:
             curated.put(changed, op.seq)
 
 
-def _curated_holding(state: TenantState, key, workarea_id: str | None):
+def _curated_holding(state: TenantState, key: Key, workarea_id: str | None) -> list[KeyedWork]:
     if workarea_id is not None:
         curated = state.curated_for(workarea_id)
         if curated is not None and curated.get(key) is not None:
@@ -634,7 +635,7 @@ def _apply_repair(op: Op, state: TenantState) -> None:
     state.silver.put(repaired, op.seq)
     # A row of a validated area lives in its curated table too: the same op changes both.
     for curated in _curated_holding(state, key, repaired["workarea_id"]):
-        held = curated.get(key)
+        held = curated.held(key)
         if held["state"] != ERASED:
             curated.put(dict(repaired, curated_at=held["curated_at"]), op.seq)
 
@@ -763,7 +764,7 @@ def _check_path(node_id: str, parent_id: str | None, path: str, state: TenantSta
         if "." in path:
             raise RefusedOp(f"field 'path': the root {node_id} has a one-label path, not {path!r}")
         return
-    parent_path = state.areas.get((parent_id,))["path"]
+    parent_path = state.areas.held((parent_id,))["path"]
     head, _, label = path.rpartition(".")
     if head != parent_path or not label:
         raise RefusedOp(
@@ -801,7 +802,7 @@ def _check_upsert(op: Op, state: TenantState) -> None:
                 f"area.upsert changes {column} of workarea {node_id}: area.reparent moves a "
                 "workarea and its subtree"
             )
-    status = op.args.get("status", area["status"])
+    status = str(op.args.get("status", area["status"]))
     if area["status"] == "validated" and status != "validated":
         raise RefusedOp(f"workarea {node_id} is validated: its status is frozen")
     if _LADDER[status] < _LADDER[area["status"]]:
@@ -849,7 +850,7 @@ def _apply_reparent(op: Op, state: TenantState) -> None:
     )
     # Descendants come parent-first from the walk; each keeps its own last label.
     for child_id in area_descendants(state.areas.values(), node_id):
-        child = state.areas.get((child_id,))
+        child = state.areas.held((child_id,))
         path = paths[child["parent_id"]] + "." + child["path"].rsplit(".", 1)[-1]
         paths[child_id] = path
         if path != child["path"]:

@@ -35,7 +35,7 @@ APP_ID = "oml-lakewriter"
 CHECKPOINT_INTERVAL = 100
 # Target data file size of the tables retracts MERGE (silver, curated): a copy-on-write retract
 # rewrites every file holding a touched row, so its cost follows the file size, not the table
-# size (decision 0026; 2 MiB since 3 Dec, measured against 8 MiB). Writes, MERGE rewrites,
+# size (decision 0026: 2 MiB, measured against 8 MiB). Writes, MERGE rewrites,
 # compaction and Z-order all read it from the table property `delta.targetFileSize`; the
 # writer's packing on the way passes it.
 REWRITE_TARGET_FILE_SIZE = 2 * 2**20
@@ -60,7 +60,7 @@ _ARROW_OF: dict[tuple[str, str], pa.DataType] = {
 }
 
 
-def _read_columns(text: str) -> dict[str, list[tuple[pa.Field, str]]]:
+def read_columns(text: str) -> dict[str, list[tuple[pa.Field, str]]]:
     """Per spec table heading, its columns in order with their meaning, from `columns.tsv` (the
     spec's rows: column, Delta type, Arrow type, null yes/no, meaning)."""
     tables: dict[str, list[tuple[pa.Field, str]]] = {}
@@ -82,7 +82,7 @@ def _read_columns(text: str) -> dict[str, list[tuple[pa.Field, str]]]:
     return tables
 
 
-_COLUMNS = _read_columns(
+_COLUMNS = read_columns(
     resources.files(__package__).joinpath("columns.tsv").read_text(encoding="utf-8")
 )
 
@@ -258,7 +258,7 @@ BODY_REFS = ("lake", "object")
 # holds an op's effect (it committed that batch before a crash) must not take it twice.
 
 Row = dict[str, Any]
-Key = tuple
+Key = tuple[Any, ...]
 
 
 @dataclass
@@ -280,6 +280,10 @@ class KeyedWork:
 
     def get(self, key: Key) -> Row | None:
         return self.rows.get(key)
+
+    def held(self, key: Key) -> Row:
+        """The row of `key`, which the caller knows is held (KeyError otherwise)."""
+        return self.rows[key]
 
     def values(self) -> Iterator[Row]:
         return iter(self.rows.values())
@@ -312,7 +316,7 @@ class KeyedWork:
         """Whether every row's key is one the table version the fold read did not hold."""
         return all(self.key_of(r) in self.absent for r in rows)
 
-    def clustered(self, rows: Iterable[Row]) -> list[tuple] | None:
+    def clustered(self, rows: Iterable[Row]) -> list[tuple[Any, ...]] | None:
         """The clustering (`zorder_by`) values, as the table holds them, of the rows among `rows`
         the table holds; None when the table has no clustering or a row's key was neither found
         nor looked for (where its row lies is unknown)."""

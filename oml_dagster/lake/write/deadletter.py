@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 
 from oml_dagster.lake import queries
 from oml_dagster.lake.errors import RequeueError
-from oml_dagster.lake.queries import cross_scope, tenant_scope
+from oml_dagster.lake.queries import TenantSession, cross_scope, tenant_scope
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,20 @@ class DeadLetter:
     resolution: str | None = None
 
 
-def record(conn, seq, tenant_id, journal_seq, op, payload, reason) -> None:
-    """Record a refusal; inside the caller's `tenant_scope` of `tenant_id` (the writer records a
-    batch's refusals and its verdict in one such transaction)."""
-    conn.execute(
+def record(
+    session: TenantSession,
+    *,
+    seq: int,
+    journal_seq: int,
+    op: str,
+    payload: Any,
+    reason: str,
+) -> None:
+    """Record a refusal in the tenant's session (the writer records a batch's refusals and its
+    verdict in one transaction)."""
+    session.execute(
         queries.DEAD_LETTER_INSERT,
-        (seq, tenant_id, journal_seq, op, Jsonb(payload), reason),
+        (seq, session.tenant_id, journal_seq, op, Jsonb(payload), reason),
     )
 
 
@@ -74,7 +82,7 @@ def _tenant_of(conn: psycopg.Connection, seq: int) -> str:
         row = conn.execute(queries.DEAD_LETTER_TENANT, (seq,)).fetchone()
     if row is None:
         raise RequeueError(f"no dead letter with seq {seq}")
-    return row[0]
+    return str(row[0])
 
 
 def _lock_open(conn: psycopg.Connection, seq: int) -> tuple[str, str, Any]:
@@ -99,11 +107,15 @@ def requeue(conn: psycopg.Connection, seq: int, by: str, payload: Any = None) ->
     sequenced. Returns the new outbox id."""
     with tenant_scope(conn, _tenant_of(conn, seq)):
         tenant_id, op, stored = _lock_open(conn, seq)
-        last = conn.execute(queries.LAST_JOURNAL_SEQ, (tenant_id,)).fetchone()
-        new_id = conn.execute(
-            queries.REQUEUE_INTO_OUTBOX,
-            (tenant_id, last[0], op, Jsonb(stored if payload is None else payload)),
-        ).fetchone()[0]
+        last = queries.scalar(conn.execute(queries.LAST_JOURNAL_SEQ, (tenant_id,)))
+        new_id = int(
+            queries.scalar(
+                conn.execute(
+                    queries.REQUEUE_INTO_OUTBOX,
+                    (tenant_id, last, op, Jsonb(stored if payload is None else payload)),
+                )
+            )
+        )
         conn.execute(
             queries.MARK_REQUEUED,
             (by, new_id, seq),
@@ -122,4 +134,4 @@ def resolve(conn: psycopg.Connection, seq: int, by: str, reason: str) -> Any:
         raise RequeueError(f"resolving dead letter {seq} needs a name (--by)")
     with tenant_scope(conn, _tenant_of(conn, seq)):
         _lock_open(conn, seq)
-        return conn.execute(queries.MARK_RESOLVED, (by, reason, seq)).fetchone()[0]
+        return queries.scalar(conn.execute(queries.MARK_RESOLVED, (by, reason, seq)))

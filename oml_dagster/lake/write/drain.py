@@ -21,8 +21,9 @@ from oml_dagster.lake.ingest.fetch import Batch, Fetcher, second_conninfo
 from oml_dagster.lake.ingest.sequencer import SequencerReport
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.open_tables import OpenTables
+from oml_dagster.lake.write.commit import CommitObserver
 from oml_dagster.lake.write.memory import MemoryGovernor, release_memory
-from oml_dagster.lake.write.writer import BatchResult, ReadAhead, WriterConfig, drain_tenant
+from oml_dagster.lake.write.writer import BatchRead, BatchResult, TenantBatch, WriterConfig
 
 # After a tenant batch of this many ops the drain hands the memory the batch freed back to the
 # system (`release_memory`): a full batch's Python objects and buffers are hundreds of MiB.
@@ -81,7 +82,7 @@ class DrainPolicy:
     config: WriterConfig = field(default_factory=WriterConfig)
     governor: MemoryGovernor | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_seconds is not None and not self.max_seconds >= 0:
             raise ValueError(f"max_seconds must be >= 0, got {self.max_seconds!r}")
         if self.poll_seconds is not None and (
@@ -104,6 +105,11 @@ class DrainObserver:
 
     def batch_ended(self, result: BatchResult) -> None:
         """A tenant batch ended (committed, refused, or nothing to do), before its pass does."""
+
+    def table_commits(self) -> CommitObserver | None:
+        """What hears each table commit of every batch (`CommitObserver`: each commit as it is
+        about to be made and as it landed); asked once per drain. None (here): nothing."""
+        return None
 
     def pass_ended(self, drained: DrainPass) -> None:
         """A pass ended: every pass, the idle ones of a polling drain too."""
@@ -172,6 +178,7 @@ class _Drain:
         self.failed: set[str] = set()
         # The tenants' tables stay open from one pass to the next (brought up to date per batch).
         self.tables = OpenTables(lake)
+        self.commits = observer.table_commits()
         # Batches as large as the memory budget allows (ADR 0034), up to the configured cap.
         self.governor = policy.governor or MemoryGovernor(self.config.memory_budget_mib or None)
         # A drain until idle with no time cap cuts the next pass's rows while this pass's
@@ -218,7 +225,7 @@ class _Drain:
         self.ahead.keep_only(targets)
         for k, tenant_id in enumerate(targets):
             visited_next = targets[k + 1] if k + 1 < len(targets) else None
-            result = self._batch(tenant_id, self.ahead.then(visited_next, pending))
+            result = self._batch(tenant_id, visited_next=visited_next, pending=pending)
             if result is None:
                 continue
             current.batches.append(result)
@@ -257,28 +264,47 @@ class _Drain:
             targets = [t for t in targets if t not in busy]
         return [t for t in targets if t not in self.failed]
 
-    def _batch(self, tenant_id: str, then: tuple[str, int] | None) -> BatchResult | None:
-        """One batch of the tenant; None when it failed and the observer lets the drain go on."""
-        self.fetcher = self.fetcher or Fetcher(self.conn)
+    def _batch(
+        self, tenant_id: str, *, visited_next: str | None, pending: dict[str, int]
+    ) -> BatchResult | None:
+        """One batch of the tenant, its three phases in turn; the next batch is read ahead as
+        soon as this one's read returns. None when it failed and the observer lets the drain go
+        on."""
+        self.fetcher = fetcher = self.fetcher or Fetcher(self.conn)
         cap = self.governor.cap(self.config.max_batch)
+        config = self.config if cap == self.config.max_batch else self.config.capped(cap)
+        batch = TenantBatch(
+            tables=self.tables, tenant_id=tenant_id, config=config, commits=self.commits
+        )
         try:
-            result = drain_tenant(
-                self.conn,
-                self.lake,
-                tenant_id,
-                self.config if cap == self.config.max_batch else self.config.capped(cap),
-                fetcher=self.fetcher,
-                prefetched=self.ahead.take(tenant_id),
-                tables=self.tables,
-                read_ahead=ReadAhead(own=self.policy.until_idle, then=then),
+            read = batch.read(self.conn, fetcher=fetcher, ahead=self.ahead.take(tenant_id))
+            self._read_ahead(
+                fetcher, read, config=config, visited_next=visited_next, pending=pending
             )
+            return batch.commit(self.conn, read, batch.fold(read))
         except Exception as error:
             if is_transient(error) or not self.observer.tenant_failed(tenant_id, error):
                 raise
             self.failed.add(tenant_id)
             return None
-        self.ahead.landed(result)
-        return result
+
+    def _read_ahead(
+        self,
+        fetcher: Fetcher,
+        read: BatchRead,
+        *,
+        config: WriterConfig,
+        visited_next: str | None,
+        pending: dict[str, int],
+    ) -> None:
+        """While a batch folds and commits, the fetcher's thread reads the batch the drain needs
+        next: the first of the tenant the pass visits next (from where the frontier cache says
+        it stands), unless it has one read ahead; otherwise, in a drain until idle, this
+        tenant's own next one when the outbox holds more."""
+        if visited_next in pending and not self.ahead.has(visited_next):
+            self.ahead.start(fetcher, visited_next, after=pending[visited_next], config=config)
+        elif self.policy.until_idle and read.more:
+            self.ahead.start(fetcher, read.tenant_id, after=read.batch_end, config=config)
 
     def _goes_on(self, idle: bool, pass_started: float) -> bool:
         """Whether another pass follows the one that started at `pass_started`; a polling drain
@@ -290,7 +316,7 @@ class _Drain:
         # so a drained tenant ends the loop; rows waiting behind a gap do not keep it running.
         if not policy.until_idle or (idle and policy.poll_seconds is None):
             return False
-        if policy.poll_seconds is not None:
+        if policy.poll_seconds is not None and policy.max_seconds is not None:
             # At most one pass per poll_seconds: a trickle of ops makes passes of a few ops
             # each, which cost nearly as much as full ones (a standing run spinning on them
             # took a core at 200 ops/s); waiting the rest of the interval batches them.
@@ -354,10 +380,10 @@ class _CutAhead:
 
 
 class _BatchesAhead:
-    """The batches read ahead, at most one per tenant. While a batch commits, the fetcher's
-    thread reads the batch the drain needs next: the first of the tenant the pass visits next,
-    or after the pass's last tenant its own next one (until idle), so Postgres builds that batch
-    on the other core instead of the drain waiting for it."""
+    """The batches read ahead, at most one per tenant, each on the fetcher's thread, so
+    Postgres builds the batch the drain needs next on the other core instead of the drain
+    waiting for it. A batch read from the wrong place (a stale frontier) is read again by the
+    batch's read, so a stale guess costs a fetch, never a verdict."""
 
     def __init__(self) -> None:
         self.by_tenant: dict[str, Future[Batch]] = {}
@@ -366,21 +392,18 @@ class _BatchesAhead:
         # A batch read ahead for a tenant this pass leaves alone is not kept for later.
         self.by_tenant = {t: f for t, f in self.by_tenant.items() if t in targets}
 
-    def then(self, visited_next: str | None, pending: dict[str, int]) -> tuple[str, int] | None:
-        """Where the tenant visited next is read ahead from, unless it has a batch read ahead."""
-        if visited_next in pending and visited_next not in self.by_tenant:
-            return (visited_next, pending[visited_next])
-        return None
+    def has(self, tenant_id: str) -> bool:
+        return tenant_id in self.by_tenant
 
-    def take(self, tenant_id: str) -> Future[Batch] | None:
-        return self.by_tenant.pop(tenant_id, None)
+    def start(self, fetcher: Fetcher, tenant_id: str, *, after: int, config: WriterConfig) -> None:
+        self.by_tenant[tenant_id] = fetcher.fetch_async(
+            tenant_id, after, config.max_batch, config.max_batch_bytes
+        )
 
-    def landed(self, result: BatchResult) -> None:
-        if result.next_batch is not None:
-            self.by_tenant[result.next_tenant] = result.next_batch
-        # The pass keeps the result, not the batch read ahead: the passes would otherwise pin
-        # every batch of the backlog until the drain ends.
-        result.next_batch = None
+    def take(self, tenant_id: str) -> Batch | None:
+        """The tenant's batch read ahead, once read (its error, if the read failed)."""
+        future = self.by_tenant.pop(tenant_id, None)
+        return None if future is None else future.result()
 
 
 def drain_riding_through(
@@ -438,6 +461,9 @@ class _RidingThrough(DrainObserver):
     def batch_ended(self, result: BatchResult) -> None:
         self.moved |= bool(result.committed or result.refused)
         self.caller.batch_ended(result)
+
+    def table_commits(self) -> CommitObserver | None:
+        return self.caller.table_commits()
 
     def pass_ended(self, drained: DrainPass) -> None:
         if drained.progressed or self.policy.poll_seconds is None or not self.passes:

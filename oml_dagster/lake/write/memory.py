@@ -28,7 +28,7 @@ def release_memory() -> None:
     """Collect reference cycles (some hold Arrow buffers until the cyclic collector runs) and
     return glibc's free heap pages to the system (delta-rs's and the fold's allocations are
     freed into heaps glibc keeps otherwise). Without it a long drain's resident memory creeps up
-    batch after batch though nothing stays referenced (bench/RESULTS.md, issue 10 target 3)."""
+    batch after batch though nothing stays referenced (bench/RESULTS.md, the 1M-op backlog)."""
     gc.collect()
     if _malloc_trim is not None:
         _malloc_trim(0)
@@ -132,7 +132,7 @@ class MemoryGovernor:
         if ops < self.sample_ops:
             return
         peak = peak_mib()
-        if peak is not None:
+        if peak is not None and self.budget_mib is not None:
             self.current = next_cap(
                 self.current, ops, self._before, peak, self.budget_mib, self._floor
             )

@@ -12,6 +12,7 @@ import ctypes
 import threading
 import time
 from types import TracebackType
+from typing import Literal
 
 from oml_dagster.lake.errors import BatchTimeout
 
@@ -63,7 +64,7 @@ class Watchdog:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
         try:
             with self._lock:
                 self._armed = False

@@ -1,6 +1,16 @@
 """The commit protocol (DESIGN §3): one batch of a tenant's ops folded into each table's final
 row changes and landed in one fenced Delta commit per table.
 
+A batch is a `TenantBatch` in three phases, which its caller (the drain, or `drain_tenant`)
+runs in turn:
+- `read`: one scoped PostgreSQL session (`queries.tenant_scope`) and the tenant's tables give a
+  `BatchRead`, every input of the fold and nothing the fold may change: the outbox rows parsed,
+  the events the columnar checks cleared, the rows of the tables the ops can touch, the claim
+  bodies and api keys they name, the recorded verdicts and the erasure bound.
+- `fold`: the one fold the reconciler also runs (`catalog.fold`) over those inputs.
+- `commit`: the verdicts recorded in PostgreSQL, then one fenced commit per table (bronze,
+  lineage, curated, silver, areas), then the frontier cache: an order read in one place.
+
 How a batch is cut and folded:
 - Every table records `Transaction("oml-lakewriter", batch_end)` on each commit. A table whose
   txn version is at or above the batch's end is skipped; otherwise it takes the ops with seq in
@@ -13,41 +23,25 @@ How a batch is cut and folded:
   commits (`oml.lake_dead_letter`, `oml.lake_verdicts`); later folds reuse it, so every table and
   every overlapping writer agrees on which ops apply.
 - Commit order: bronze, lineage, curated, silver, areas. A curated table therefore exists
-  before silver or areas record a batch past its validation.
-- A commit that meets a concurrent one reloads the table and checks the skip rule again; rows
-  are full final rows, so re-filtering them above the new txn version is all a retry needs.
-
-Why one file (907 lines): it is one tenant batch from fetch to frontier, and the commit protocol is an
-order (verdicts before any table commits, each table behind its txn fence, a reload after a
-conflict, the frontier last; ADR 0001, 0002) that is read top to bottom in one place.
+  before silver or areas record a batch past its validation (ADR 0001, 0002).
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import (
-    CommitProperties,
-    DeltaTable,
-    PostCommitHookProperties,
-    Transaction,
-    write_deltalake,
-)
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError
 
 from oml_dagster.lake import queries
 from oml_dagster.lake.errors import (
-    ConflictingCommit,
     InconsistentFrontier,
     LostCuratedTable,
     RefusedOp,
@@ -55,10 +49,9 @@ from oml_dagster.lake.errors import (
 )
 from oml_dagster.lake.ingest.bronze import checked_events, cleared_events
 from oml_dagster.lake.ingest.fetch import Batch, Fetcher
-from oml_dagster.lake.model import catalog, evolution
+from oml_dagster.lake.model import catalog
 from oml_dagster.lake.model.catalog import Op
 from oml_dagster.lake.model.tables import (
-    APP_ID,
     BRONZE_EVENTS,
     CORE_TABLES,
     GOLD_AREAS,
@@ -66,22 +59,55 @@ from oml_dagster.lake.model.tables import (
     GOLD_LINEAGE,
     SILVER_CLAIMS,
     AppendWork,
+    Key,
     KeyedWork,
+    Row,
     TableId,
-    TableSpec,
     TenantState,
-    writer_properties,
 )
-from oml_dagster.lake.policy import erasure_bound
-from oml_dagster.lake.queries import tenant_reads, tenant_scope
+from oml_dagster.lake.policy import read_erasure_bound
+from oml_dagster.lake.queries import TenantSession, tenant_scope
 from oml_dagster.lake.store.layout import Lake
-from oml_dagster.lake.store.lookups import FileKeys, may_hold
-from oml_dagster.lake.store.open_tables import OpenTables, app_txn
-from oml_dagster.lake.store.reads import query
+from oml_dagster.lake.store.open_tables import OpenTables
 from oml_dagster.lake.store.rewrites import compact_small_files
-from oml_dagster.lake.store.sql import sql_text
 from oml_dagster.lake.write import deadletter
+from oml_dagster.lake.write.commit import (
+    COMMITS,
+    COMMITTED,
+    SKIPPED,
+    TXN_ONLY,
+    UNCHANGED,
+    CommitAction,
+    CommitObserver,
+    CommitRules,
+    TableCommit,
+    TableHandle,
+    TableOutcome,
+    commit_table,
+    open_handle,
+    post_commit_hooks,
+)
+from oml_dagster.lake.write.touched import TouchedRows, held_events, touched_rows
 from oml_dagster.lake.write.watchdog import Watchdog
+
+__all__ = [
+    "COMMITS",
+    "COMMITTED",
+    "SKIPPED",
+    "TXN_ONLY",
+    "UNCHANGED",
+    "BatchRead",
+    "BatchResult",
+    "CommitAction",
+    "CommitObserver",
+    "Folded",
+    "TableCommit",
+    "TableOutcome",
+    "TenantBatch",
+    "WriterConfig",
+    "drain_tenant",
+    "post_commit_hooks",
+]
 
 
 @dataclass(frozen=True)
@@ -108,7 +134,7 @@ class WriterConfig:
     # 0: no budget, the cap alone). See lake/memory.py.
     memory_budget_mib: int = 960
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_batch < 2 or not 0 < self.txn_lag_limit < self.max_batch:
             raise ValueError("need max_batch >= 2 and 0 < txn_lag_limit < max_batch")
 
@@ -131,35 +157,10 @@ class WriterConfig:
         return cls(max_batch=max_batch, txn_lag_limit=txn_lag_limit, **options)
 
 
-# What a batch did to one table: committed rows, a txn-only commit (no rows, the txn version
-# moved), skipped (the table is at or past the batch end), or unchanged (nothing to commit).
-CommitAction = Literal["committed", "txn-only", "skipped", "unchanged"]
-COMMITTED: CommitAction = "committed"
-TXN_ONLY: CommitAction = "txn-only"
-SKIPPED: CommitAction = "skipped"
-UNCHANGED: CommitAction = "unchanged"
-# The actions that made a commit.
-COMMITS: tuple[CommitAction, ...] = (COMMITTED, TXN_ONLY)
-
-
-@dataclass
-class TableOutcome:
-    """What one batch did to one table."""
-
-    table: str
-    action: CommitAction
-    rows: int = 0
-    # Of `rows`, those the commit inserted and those it updated (from the MERGE's metrics).
-    rows_added: int = 0
-    rows_updated: int = 0
-    txn_before: int = 0  # the table's app transaction version (an outbox seq) before the batch
-    txn_after: int = 0
-    version: int | None = None  # the Delta version the batch committed; None if it committed none
-    attempts: int = 0  # commit attempts: more than one after concurrent commits
-
-
 @dataclass
 class BatchResult:
+    """What one batch did: its bounds, its ops, the refusals it decided and each table's part."""
+
     tenant_id: str
     batch_start: int
     batch_end: int
@@ -168,623 +169,382 @@ class BatchResult:
     tables: list[TableOutcome] = field(default_factory=list)
     # Ops the catalog folded one by one (the rest went to bronze as columns).
     ops_folded: int = 0
-    # The batch read ahead while this one folded and committed (ReadAhead), and whose it is:
-    # this tenant's next one, or the next tenant's of a drain pass (None: nothing read ahead).
-    next_batch: Future[Batch] | None = None
-    next_tenant: str | None = None
 
     @property
     def committed(self) -> bool:
         return any(t.action in COMMITS for t in self.tables)
 
-    def outcome(self, table: str) -> TableOutcome | None:
-        return next((t for t in self.tables if t.table == table), None)
+    def outcome(self, table: str | TableId) -> TableOutcome | None:
+        return next((t for t in self.tables if str(t.table) == str(table)), None)
+
+
+# An outbox row as the fold and the dead letters take it: (seq, journal_seq, op, payload, the
+# journal_seq of the dead letter it was requeued from).
+OutboxRow = tuple[int, int, str, Any, int | None]
 
 
 @dataclass(frozen=True)
-class ReadAhead:
-    """The batch a drain reads while the current one commits: `then`, (tenant_id, after), the
-    first batch of the tenant the drain pass visits next (from its frontier as the drain last
-    saw it; a batch read from the wrong place is read again, so a stale guess costs a fetch,
-    never a verdict); with no tenant after this one in the pass, the tenant's own next batch
-    when `own` and the outbox holds more."""
+class BatchRead:
+    """A batch's inputs, read once (`TenantBatch.read`): nothing here changes after the read."""
 
-    own: bool
-    then: tuple[str, int] | None = None
-
-
-@dataclass
-class _Handle:
-    spec: TableSpec
-    id: TableId
-    uri: str
-    table: DeltaTable | None
-    txn: int
-
-    @property
-    def name(self) -> str:
-        return str(self.id)
-
-
-def _handle(
-    tables: OpenTables, tenant_id: str, spec: TableSpec, workarea_id: str | None = None
-) -> _Handle:
-    uri = tables.lake.table_uri(tenant_id, spec, workarea_id)
-    table = tables.open(uri)
-    return _Handle(spec, TableId(spec.name, workarea_id), uri, table, tables.txn(uri, table))
+    tenant_id: str
+    batch_start: int  # the lowest txn version of the tenant's tables: the batch starts after it
+    batch_end: int  # its last op's seq (`batch_start` when it has none)
+    leading_txn: int  # the highest txn version of the tenant's tables
+    decided: int  # verdicts are recorded through this seq
+    seqs: tuple[int, ...]
+    # Whether the outbox may hold more of the tenant's sequenced ops right after this batch.
+    more: bool
+    ops: tuple[tuple[int, Op | RefusedOp], ...] = ()
+    rows: tuple[OutboxRow, ...] = ()
+    recorded: Mapping[int, str] = field(default_factory=dict)  # recorded refusals, by seq
+    cleared: pa.Table | None = None  # the events bronze takes as columns
+    held: Mapping[int, tuple[str, bytes]] = field(default_factory=dict)
+    areas: tuple[Row, ...] = ()  # gold.areas as it stands
+    touched: TouchedRows = field(default_factory=TouchedRows)
+    bodies: Mapping[Key, bytes] = field(default_factory=dict)
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+    txns: Mapping[TableId, int] = field(default_factory=dict)  # each table's txn version
+    erasure_bound_seconds: int = 0
 
 
-# --- Postgres reads ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Folded:
+    """What the fold made of a batch: the new refusals and the tables' working copies."""
+
+    refused: Mapping[int, str]
+    state: TenantState
 
 
-def _payloads(conn: psycopg.Connection, tenant_id: str, seqs: list[int]) -> dict[int, dict]:
-    """The payloads of ops the fetch sent as columns that the catalog must fold after all."""
-    params = (tenant_id, min(seqs), max(seqs), seqs)
-    with tenant_scope(conn, tenant_id):
-        return dict(conn.execute(queries.OUTBOX_PAYLOADS, params).fetchall())
+class TenantBatch:
+    """One batch of one tenant: `read`, `fold`, `commit`, in that order, each once. The tenant's
+    tables come from `tables` (kept open from one batch to the next of a drain); a phase that
+    fails drops them, so the next batch reopens them. `commits` hears each table commit."""
 
+    def __init__(
+        self,
+        *,
+        tables: OpenTables,
+        tenant_id: str,
+        config: WriterConfig,
+        commits: CommitObserver | None = None,
+    ):
+        self.tables, self.lake = tables, tables.lake
+        self.tenant_id = queries.tenant_text(tenant_id)
+        self.config = config
+        self.commits = commits
+        self._handles: dict[TableId, TableHandle] = {}
 
-def _bodies(conn: psycopg.Connection, tenant_id: str, keys: set[tuple[str, int]]) -> dict:
-    if not keys:
-        return {}
-    artifacts, versions = zip(*sorted(keys), strict=True)
-    with tenant_scope(conn, tenant_id):
-        rows = conn.execute(
-            queries.BODIES_OF,
-            (list(artifacts), list(versions), tenant_id),
-        ).fetchall()
-    return {(a, v): bytes(body) for a, v, body in rows}
-
-
-def _api_keys(conn: psycopg.Connection, tenant_id: str, key_ids: set[str]) -> dict[str, str]:
-    """api_key_id -> owning tenant, other tenants' keys included (through the one cross-tenant
-    read a tenant's scope is granted: owners and ids only)."""
-    if not key_ids:
-        return {}
-    with tenant_scope(conn, tenant_id):
-        rows = conn.execute(queries.API_KEY_OWNERS, (sorted(key_ids),)).fetchall()
-    return dict(rows)
-
-
-def decided_through(conn: psycopg.Connection, tenant_id: str) -> int:
-    with tenant_scope(conn, tenant_id):
-        row = conn.execute(queries.DECIDED_THROUGH, (tenant_id,)).fetchone()
-    return row[0] if row else 0
-
-
-# --- reading the tables a fold needs -----------------------------------------------------------
-
-
-_LIGHT = ("artifact_id", "version", "simulation_id", "sim_derived_ids", "workarea_id")
-
-
-def _matching_silver_keys(table: DeltaTable, sims: set, tainted: set, workareas: set) -> set:
-    """Keys of the silver rows a simulation end or a validation reads: rows of an ending
-    simulation, rows derived from a tainted one, rows of a validated workarea. Matched over Arrow
-    columns file by file; only the matching keys become Python objects (the whole table's
-    light columns as dicts grew a drain's memory with the table)."""
-
-    def strings(values: set) -> pa.Array:
-        return pa.array(sorted(values), pa.string())
-
-    sims_in, tainted_in, workareas_in = strings(sims), strings(tainted), strings(workareas)
-    fields = {name: SILVER_CLAIMS.schema.field(name).type for name in _LIGHT}
-    keys: set = set()
-    for fragment in table.to_pyarrow_dataset().get_fragments():
-        # Cast first: a MERGE writes view types, which the kernels below do not all take.
-        light = fragment.to_table(columns=list(_LIGHT))
-        light = pa.table({name: pc.cast(light[name], kind) for name, kind in fields.items()})
-        mask = pc.or_(
-            pc.is_in(light["simulation_id"], value_set=sims_in),
-            pc.is_in(light["workarea_id"], value_set=workareas_in),
-        )
-        found = [light.filter(pc.fill_null(mask, False))]
-        if tainted:
-            derived = light["sim_derived_ids"].combine_chunks()
-            hit = pc.is_in(pc.list_flatten(derived), value_set=tainted_in)
-            rows = pc.unique(pc.filter(pc.list_parent_indices(derived), pc.fill_null(hit, False)))
-            found.append(light.take(rows))
-        for part in found:
-            keys.update(
-                zip(part["artifact_id"].to_pylist(), part["version"].to_pylist(), strict=True)
-            )
-    return keys
-
-
-def _prefetch(
-    state: TenantState, handles: dict[str, _Handle], ops: list[Op], files: FileKeys
-) -> None:
-    """Read every existing row the batch's ops can touch into the working tables (through
-    `files`, which keeps the data files' match columns between batches)."""
-    claim_keys = {
-        (op.args["artifact_id"], op.args["version"]) for op in ops if op.name.startswith("claim.")
-    }
-    # Claim edges need their endpoints: the lake must hold both.
-    claim_keys |= {
-        (op.args[f"{end}_id"], op.args[f"{end}_version"])
-        for op in ops
-        if op.name == "edge.ratify" and op.args["graph"] == "claim"
-        for end in ("src", "dst")
-    }
-    sims = {op.args["simulation_id"] for op in ops if op.name == "simulation.end"}
-    tainted = {
-        op.args["simulation_id"]
-        for op in ops
-        if op.name == "simulation.end" and op.args["demote_tainted"]
-    }
-    validations = {op.args["workarea_id"] for op in ops if op.name == "area.validate"}
-    edge_ids = {op.args["edge_id"] for op in ops if op.name.startswith("edge.")}
-
-    silver = handles[SILVER_CLAIMS.name].table
-    if silver is not None:
-        keys = set(claim_keys)
-        if sims or validations:
-            keys |= _matching_silver_keys(silver, sims, tainted, validations)
-        if keys:
-            rows = files.rows_with(silver, SILVER_CLAIMS, {"artifact_id": {k[0] for k in keys}})
-            state.silver.load(r for r in rows if (r["artifact_id"], r["version"]) in keys)
-            state.silver.looked_for(keys)
-
-    lineage = handles[GOLD_LINEAGE.name].table
-    if lineage is not None and (edge_ids or sims):
-        matches = {"edge_id": edge_ids, "simulation_id": sims}
-        state.lineage.load(files.rows_with(lineage, GOLD_LINEAGE, matches))
-        state.lineage.looked_for((e,) for e in edge_ids)
-
-    # Curated rows a demote, erase or repair reaches: routed by the silver row's workarea.
-    retracted = {
-        (op.args["artifact_id"], op.args["version"])
-        for op in ops
-        if op.name in ("claim.demote", "claim.erase", "claim.repair")
-    }
-    for workarea_id, work in state.curated.items():
-        handle = handles.get(str(TableId.curated(workarea_id)))
-        if handle is None or handle.table is None:
-            continue
-        wanted = {
-            k
-            for k in retracted
-            if (row := state.silver.get(k)) is None or row["workarea_id"] == workarea_id
-        }
-        if wanted:
-            rows = files.rows_with(
-                handle.table, GOLD_CURATED, {"artifact_id": {k[0] for k in wanted}}
-            )
-            work.load(r for r in rows if (r["artifact_id"], r["version"]) in wanted)
-
-
-# --- committing one table ----------------------------------------------------------------------
-
-
-def _commit_properties(
-    tenant_id: str, txn_before: int, batch_end: int, ops: int
-) -> CommitProperties:
-    return CommitProperties(
-        app_transactions=[Transaction(app_id=APP_ID, version=batch_end)],
-        custom_metadata={
-            "oml.tenant_id": tenant_id,
-            "oml.batch_start": str(txn_before),
-            "oml.batch_end": str(batch_end),
-            "oml.ops": str(ops),
-        },
-        max_commit_retries=0,
-    )
-
-
-# Unless told otherwise, delta-rs expires old log entries after every commit, and to find them it
-# lists the whole `_delta_log`: every commit inside the erasure bound stays there, so that one
-# listing made each commit's cost grow with the table's history (decision 0030). The writer
-# leaves log expiry to the commits that write a checkpoint (the spec's "log cleanup with
-# checkpointing") and to maintenance's daily log cleanup, which the erasure SLO counts on.
-_NO_LOG_CLEANUP = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
-# delta-rs's checkpoint interval for a table without `delta.checkpointInterval`.
-_DELTA_CHECKPOINT_INTERVAL = 100
-
-
-def post_commit_hooks(table: DeltaTable | None) -> PostCommitHookProperties | None:
-    """What runs after the writer's next commit on `table` (None: delta-rs's defaults, the table's
-    properties decide). The commit that writes a checkpoint keeps the defaults: the checkpoint,
-    then expired-log cleanup. Every other commit writes no checkpoint anyway and skips the
-    cleanup. A table being created (None) keeps the defaults. The writer's commits never retry,
-    so the next commit's version is the table's version plus one."""
-    if table is None:
-        return None
-    configured = table.metadata().configuration.get("delta.checkpointInterval")
-    interval = int(configured) if configured else _DELTA_CHECKPOINT_INTERVAL
-    version = table.version() + 1
-    # delta-rs checkpoints after committing `version` when (version + 1) % interval == 0.
-    return None if (version + 1) % interval == 0 else _NO_LOG_CLEANUP
-
-
-def _write(
-    handle: _Handle,
-    lake: Lake,
-    data: pa.Table,
-    props: CommitProperties,
-    configuration: dict[str, str],
-    inserts_only: bool = False,
-    target_filter: str | None = None,
-) -> tuple[int, int]:
-    """Create, MERGE or append. Rows that are all new to the table version committed on
-    (`inserts_only`) are appended: a MERGE would read the table's files to find none of them.
-    `target_filter` narrows the target rows a MERGE may match (it must hold for every row the
-    source updates): its literals prune files by their statistics. Returns (rows inserted,
-    rows updated)."""
-    spec = handle.spec
-    parquet = writer_properties(spec)
-    merging = (
-        handle.table is not None and bool(spec.merge_key and data.num_rows) and not inserts_only
-    )
-    # The table at the code's version, and the data right for its columns (ADR 0071).
-    data = evolution.ready_to_write(handle.table, spec, data, append=not merging)
-    if merging:
-        predicate = " AND ".join(f"t.{c} = s.{c}" for c in spec.merge_key)
-        if target_filter:
-            predicate = f"{predicate} AND ({target_filter})"
-        metrics = (
-            handle.table.merge(
-                data,
-                predicate,
-                source_alias="s",
-                target_alias="t",
-                writer_properties=parquet,
-                streamed_exec=False,
-                commit_properties=props,
-                post_commithook_properties=post_commit_hooks(handle.table),
-            )
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .execute()
-        )
-        return (
-            int(metrics.get("num_target_rows_inserted", 0)),
-            int(metrics.get("num_target_rows_updated", 0)),
-        )
-    # Creation is mode "error", so a concurrent creator fails this commit instead of being
-    # appended to (write_deltalake would silently create a missing table on append).
-    created = handle.table is None
-    write_deltalake(
-        handle.uri if created else handle.table,
-        data,
-        mode="error" if created else "append",
-        partition_by=list(spec.partition_by) or None,
-        configuration=configuration if created else None,
-        storage_options=(lake.options_for(handle.uri) or None) if created else None,
-        writer_properties=parquet,
-        commit_properties=props,
-        post_commithook_properties=post_commit_hooks(handle.table),
-    )
-    return data.num_rows, 0
-
-
-# A MERGE narrowed to more boxes than this reads a long OR; past it the source-derived pruning
-# alone is used.
-MOST_TARGET_BOXES = 64
-
-
-def _target_filter(work: KeyedWork, rows: list[dict]) -> str | None:
-    """`(t.c1 = v1 AND t.c2 = v2) OR ...` over the clustering columns of the rows the MERGE
-    updates, with their values as the table holds them (a reassign's old workarea): Z-ordered
-    files span narrow boxes of those columns, so the literals prune what the source-derived
-    range on the merge key cannot. None when a value is unknown, NULL or not text/integer."""
-    boxes = work.clustered(rows)
-    if not boxes or len(boxes) > MOST_TARGET_BOXES:
-        return None
-    columns = work.spec.zorder_by
-    terms = []
-    for box in sorted(set(boxes)):
-        parts = []
-        for column, value in zip(columns, box, strict=True):
-            if isinstance(value, str):
-                parts.append(f"t.{column} = {sql_text(value)}")
-            elif isinstance(value, int) and not isinstance(value, bool):
-                parts.append(f"t.{column} = {value}")
-            else:
-                return None
-        terms.append("(" + " AND ".join(parts) + ")")
-    return " OR ".join(terms)
-
-
-def _commit_table(
-    lake: Lake,
-    tenant_id: str,
-    handle: _Handle,
-    output: Callable[[int], pa.Table | list[dict]],
-    op_seqs: list[int],
-    batch_end: int,
-    leading_txn: int,
-    config: WriterConfig,
-    configuration: dict[str, str],
-    work: KeyedWork | None = None,
-) -> TableOutcome:
-    """Land `output(txn)` in one fenced commit, re-checking the skip rule after any conflict.
-    `op_seqs` are the batch's seqs, ascending.
-    On the first attempt the table version committed on is the one the fold read, so what
-    `work` (a MERGE table's working copy) knows of it holds: rows all absent from it are
-    appended, and a MERGE's target rows are narrowed to where the updated rows lie."""
-    outcome = TableOutcome(handle.name, SKIPPED, txn_before=handle.txn, txn_after=handle.txn)
-    last_conflict: Exception | None = None
-    for attempt in range(1, config.max_commit_attempts + 1):
-        outcome.attempts = attempt
-        # The handle's txn was read from this very table state; after a conflict the table was
-        # reloaded, so it is read again. (Each read replays the log since the last checkpoint:
-        # one GET per commit on S3.)
-        txn = handle.txn if attempt == 1 else app_txn(handle.table)
-        handle.txn = outcome.txn_after = txn
-        if batch_end <= txn:
-            outcome.action = SKIPPED
-            return outcome
-        rows = output(txn)
-        inserts_only, target_filter = False, None
-        if not isinstance(rows, pa.Table):
-            # After a concurrent commit (attempt > 1) any key may have appeared or moved: a plain
-            # MERGE then.
-            if attempt == 1 and work is not None and rows:
-                inserts_only = work.only_new(rows)
-                target_filter = None if inserts_only else _target_filter(work, rows)
-            rows = pa.Table.from_pylist(rows, schema=handle.spec.schema)
-        lag = len(op_seqs) - bisect.bisect_right(op_seqs, txn)  # the batch's ops after txn
-        # A table that does not exist yet is created even empty: a tenant's first batch makes
-        # every core table (an absent one counts as txn 0, so each later batch would re-read the
-        # tenant's ops from the start), and a validation makes its curated table.
-        if (
-            not rows.num_rows
-            and handle.table is not None
-            and lag <= config.txn_lag_limit
-            and batch_end >= leading_txn
-        ):
-            outcome.action = UNCHANGED
-            return outcome
-        props = _commit_properties(tenant_id, txn, batch_end, lag)
+    @contextlib.contextmanager
+    def _phase(self) -> Iterator[None]:
         try:
-            added, updated = _write(
-                handle, lake, rows, props, configuration, inserts_only, target_filter
+            yield
+        except BaseException:
+            self.tables.forget(self.lake.tenant_uri(self.tenant_id))
+            raise
+
+    # --- read ------------------------------------------------------------------------------
+
+    def read(self, conn: psycopg.Connection, *, fetcher: Fetcher, ahead: Batch | None) -> BatchRead:
+        """Every input of the fold, through one scoped session on `conn`. The outbox rows come
+        from `ahead` (a batch the drain read ahead) when it starts where this batch starts,
+        from `fetcher` otherwise: a batch read from a stale frontier is read again, so a wrong
+        guess costs a fetch, never a verdict."""
+        with self._phase(), tenant_scope(conn, self.tenant_id) as session:
+            self._handles, areas = _open_tables(self.tables, self.tenant_id)
+            txns = {table_id: h.txn for table_id, h in self._handles.items()}
+            base, leading = min(txns.values()), max(txns.values())
+            decided = _decided_through(session)
+            if leading > decided:
+                raise InconsistentFrontier(
+                    f"tenant {self.tenant_id}: a table records txn {leading} but verdicts are "
+                    f"decided only through {decided}"
+                )
+            batch = self._batch_from(fetcher, ahead, base)
+            seqs = tuple(batch.seqs)
+            read = BatchRead(
+                tenant_id=self.tenant_id,
+                batch_start=base,
+                batch_end=seqs[-1] if seqs else base,
+                leading_txn=leading,
+                decided=decided,
+                seqs=seqs,
+                more=batch.more,
+                txns=txns,
             )
-        except CommitFailedError as conflict:
-            # A concurrent writer got there first: reload, then the skip rule decides.
-            last_conflict = conflict
-            handle.table = lake.open(handle.uri)
-            continue
-        except DeltaError as error:
-            # Only the creation race is a conflict: another writer created the table first.
-            reloaded = lake.open(handle.uri) if handle.table is None else None
-            if reloaded is None:
-                raise
-            last_conflict = error
-            handle.table = reloaded
-            continue
-        if handle.table is None:
-            handle.table = lake.open(handle.uri)
-        # Otherwise the DeltaTable object already stands at the version it committed (delta-rs
-        # updates a table's state in place after its own write or MERGE).
-        outcome.action = COMMITTED if rows.num_rows else TXN_ONLY
-        outcome.rows = rows.num_rows
-        outcome.rows_added, outcome.rows_updated = added, updated
-        handle.txn = outcome.txn_after = batch_end  # the app transaction just committed
-        outcome.version = handle.table.version()
-        return outcome
-    raise ConflictingCommit(
-        f"{handle.name} of tenant {tenant_id}: still conflicting after "
-        f"{config.max_commit_attempts} attempts at batch_end {batch_end}"
-    ) from last_conflict
+            if not seqs:
+                return read
+            return self._read_ops(session, batch, read=read, areas=areas)
 
+    def _batch_from(self, fetcher: Fetcher, ahead: Batch | None, base: int) -> Batch:
+        """The batch after `base`: `ahead` when it starts there (cut to this batch's cap when it
+        was read under a larger one; under a smaller one it is a batch as it is), else fetched."""
+        cap = self.config.max_batch
+        if ahead is not None and ahead.after == base:
+            return ahead.head(cap) if ahead.max_ops > cap else ahead
+        return fetcher.fetch(self.tenant_id, base, cap, self.config.max_batch_bytes)
 
-# --- one batch ---------------------------------------------------------------------------------
+    def _read_ops(
+        self, session: TenantSession, batch: Batch, *, read: BatchRead, areas: list[Row]
+    ) -> BatchRead:
+        """The batch's ops parsed, the events the columnar checks clear, and every row, body and
+        key the ops name."""
+        decided, batch_end = read.decided, read.batch_end
+        recorded = _refused_in(session, read.batch_start, min(decided, batch_end))
+        # The catalog folds every op but the events the columnar checks clear.
+        columns = batch.columns
+        checked = checked_events(columns)
+        ops, rows = _catalog_ops(session, columns.filter(pc.invert(checked[0])))
+        catalog_events = [
+            op.args["journal_seq"]
+            for _, op in ops
+            if isinstance(op, Op) and op.name == "journal.event"
+        ]
+        bronze = self._handles[TableId(BRONZE_EVENTS.name)]
+        cleared_seqs = pc.min_max(
+            pc.cast(pc.filter(columns["f_journal_seq"], checked[0]), pa.int64())
+        )
+        held = held_events(
+            bronze.table,
+            [*catalog_events, *(s.as_py() for s in cleared_seqs.values() if s.is_valid)],
+        )
+        cleared = cleared_events(
+            columns,
+            checked,
+            bronze_txn=bronze.txn,
+            refused={seq for seq in recorded if seq <= decided},
+            held_journal_seqs=set(held),
+            catalog_journal_seqs=catalog_events,
+        )
+        # Cleared events the batch's order decides after all (replays, conflicts, bad JSON text).
+        if pc.any(cleared.folded).as_py():
+            more_ops, more_rows = _catalog_ops(session, columns.filter(cleared.folded))
+            ops = sorted([*ops, *more_ops], key=lambda pair: pair[0])
+            rows = sorted([*rows, *more_rows], key=lambda row: row[0])
+        parsed = [op for _, op in ops if isinstance(op, Op)]
+        return dataclasses.replace(
+            read,
+            ops=tuple(ops),
+            rows=tuple(rows),
+            recorded=recorded,
+            cleared=cleared.rows,
+            held=held,
+            areas=tuple(areas),
+            touched=self._touched(parsed),
+            bodies=_bodies(session, parsed),
+            api_keys=_api_keys(session, parsed),
+            erasure_bound_seconds=int(read_erasure_bound(session).total_seconds()),
+        )
+
+    def _touched(self, parsed: list[Op]) -> TouchedRows:
+        curated = {
+            h.id.workarea_id: h.table
+            for h in self._handles.values()
+            if h.spec is GOLD_CURATED and h.id.workarea_id and h.table is not None
+        }
+        return touched_rows(
+            ops=parsed,
+            silver=self._handles[TableId(SILVER_CLAIMS.name)].table,
+            lineage=self._handles[TableId(GOLD_LINEAGE.name)].table,
+            curated=curated,
+            files=self.tables.keys,
+        )
+
+    # --- fold ------------------------------------------------------------------------------
+
+    def fold(self, read: BatchRead) -> Folded:
+        """The batch through the one fold the reconciler also runs (`catalog.fold`), on working
+        copies of the tables made from `read`, under the fold's time bound."""
+        state = _working_state(read)
+        label = f"tenant {read.tenant_id}, batch ({read.batch_start}, {read.batch_end}]"
+        with self._phase(), Watchdog(self.config.fold_timeout_seconds, label) as watchdog:
+
+            def on_op(seq: int, op: Op | RefusedOp) -> None:
+                watchdog.on = f"op seq {seq} ({op.name if isinstance(op, Op) else 'unparsed'})"
+
+            verdicts = catalog.fold(
+                read.ops, state, decided=read.decided, recorded=read.recorded, on_op=on_op
+            )
+        return Folded(refused=verdicts.refused, state=state)
+
+    # --- commit ----------------------------------------------------------------------------
+
+    def commit(self, conn: psycopg.Connection, read: BatchRead, folded: Folded) -> BatchResult:
+        """The safety-critical order: the batch's verdicts recorded, then one fenced commit per
+        table (bronze, lineage, curated, silver, areas), then the frontier cache; last, the
+        small files of the tables written to are packed on the way."""
+        result = BatchResult(
+            read.tenant_id,
+            read.batch_start,
+            read.batch_end,
+            ops=len(read.seqs),
+            refused=dict(folded.refused),
+            ops_folded=len(read.ops),
+        )
+        with self._phase():
+            if not read.seqs:
+                self._update_frontier(conn, read.batch_start)
+                return result
+            if read.batch_end > read.decided:
+                _record_verdicts(conn, read, folded.refused)
+            state = folded.state
+            self._commit(read, TableId(BRONZE_EVENTS.name), state.bronze, into=result)
+            self._commit(read, TableId(GOLD_LINEAGE.name), state.lineage, into=result)
+            for workarea_id in sorted(state.curated):
+                curated = TableId.curated(workarea_id)
+                self._commit(read, curated, state.curated[workarea_id], into=result)
+            self._commit(read, TableId(SILVER_CLAIMS.name), state.silver, into=result)
+            self._commit(read, TableId(GOLD_AREAS.name), state.areas, into=result)
+            for handle in self._handles.values():  # created, or reopened after a conflict
+                self.tables.keep(handle.uri, handle.table, handle.txn)
+            self._update_frontier(conn, read.batch_end)
+            self._compact_on_the_way(conn, result)
+        return result
+
+    def _commit(
+        self,
+        read: BatchRead,
+        table_id: TableId,
+        work: AppendWork | KeyedWork,
+        *,
+        into: BatchResult,
+    ) -> None:
+        """One table's fenced commit of the batch, its outcome added to `into`."""
+        handle = self._handles.get(table_id)
+        if handle is None:  # a curated table the batch creates
+            handle = open_handle(self.tables, read.tenant_id, GOLD_CURATED, table_id.workarea_id)
+            self._handles[table_id] = handle
+        configuration = handle.spec.configuration(read.erasure_bound_seconds)
+        outcome = commit_table(
+            lake=self.lake,
+            tenant_id=read.tenant_id,
+            handle=handle,
+            output=work.output,
+            op_seqs=read.seqs,
+            batch_end=read.batch_end,
+            leading_txn=read.leading_txn,
+            rules=CommitRules(
+                txn_lag_limit=self.config.txn_lag_limit,
+                max_commit_attempts=self.config.max_commit_attempts,
+                configuration=configuration,
+            ),
+            work=work if isinstance(work, KeyedWork) else None,
+            observer=self.commits,
+        )
+        into.tables.append(outcome)
+
+    def _update_frontier(self, conn: psycopg.Connection, batch_end: int) -> None:
+        """Refresh the frontier cache: each table is drained through `batch_end`."""
+        with tenant_scope(conn, self.tenant_id) as session:
+            for h in self._handles.values():
+                version = h.table.version() if h.table is not None else None
+                session.execute(
+                    queries.FRONTIER_UPSERT,
+                    (session.tenant_id, str(h.id), batch_end, h.txn, version),
+                )
+
+    def _compact_on_the_way(self, conn: psycopg.Connection, result: BatchResult) -> None:
+        """Once the batch is recorded, bin-pack the small files of the tables it wrote to, every
+        SMALL_FILES_EVERY versions of each (ADR 0033). Another rewrite under way, or a commit of
+        another writer in between, leaves it for a later batch (a lost race reopens the table)."""
+        wrote = {t.table for t in result.tables if t.action == COMMITTED}
+        for handle in self._handles.values():
+            if handle.id not in wrote or handle.table is None:
+                continue
+            try:
+                replaced = compact_small_files(
+                    conn,
+                    handle.table,
+                    handle.spec,
+                    self.tenant_id,
+                    str(handle.id),
+                    post_commit_hooks(handle.table),
+                )
+            except CommitFailedError:
+                self.tables.forget(handle.uri)
+                continue
+            if replaced:  # a packing commit moved the version, not the txn: no log read for it
+                self.tables.keep(handle.uri, handle.table, handle.txn)
 
 
 def drain_tenant(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    config: WriterConfig | None = None,
     *,
-    before_commit: Callable[[str], None] | None = None,
-    fetcher: Fetcher | None = None,
-    prefetched: Future[Batch] | None = None,
+    config: WriterConfig | None = None,
+    commits: CommitObserver | None = None,
     tables: OpenTables | None = None,
-    read_ahead: ReadAhead | None = None,
 ) -> BatchResult:
-    """Fold and commit the tenant's next batch. `fetcher` reads batches (one is opened and
-    closed here when none is given); with a fetcher given, the batch `read_ahead` names is
-    fetched on the fetcher's thread while this one commits, returned as `next_batch` (by
-    default the tenant's own next one); `prefetched` is such a batch, used when it starts where
-    this batch starts and has its cap. `tables` keeps the tenant's tables open for its next
-    batch (a drain's batches share one); a batch that fails drops them.
-    `before_commit(table_name)` is a test hook."""
-    config = config or WriterConfig()
-    tables = tables or OpenTables(lake)
-    try:
-        # The batch's reads share one transaction (`_drain_batch` closes it when they are done);
-        # a batch that fails before rolls it back here. A fetcher opened here (none given) is
-        # closed here, after it.
-        with contextlib.ExitStack() as owned, contextlib.ExitStack() as reads:
-            if fetcher is None:
-                fetcher = owned.enter_context(Fetcher(conn))
-                prefetched, read_ahead = None, ReadAhead(False)
-            return _drain_batch(
-                conn,
-                tables,
-                tenant_id,
-                config,
-                before_commit,
-                fetcher,
-                prefetched,
-                read_ahead or ReadAhead(True),
-                reads,
-            )
-    except BaseException:
-        tables.forget(lake.tenant_uri(tenant_id))
-        raise
-
-
-def _drain_batch(
-    conn: psycopg.Connection,
-    tables: OpenTables,
-    tenant_id: str,
-    config: WriterConfig,
-    before_commit: Callable[[str], None] | None,
-    fetcher: Fetcher,
-    prefetched: Future[Batch] | None,
-    read_ahead: ReadAhead,
-    reads: contextlib.ExitStack,
-) -> BatchResult:
-    lake = tables.lake
-    handles, area_rows = _open_tables(tables, tenant_id)
-    txns = [h.txn for h in handles.values()]
-    base, leading = min(txns), max(txns)
-    # One scoped transaction for every Postgres read before the fold (issue 35: each had its
-    # own BEGIN, scope and COMMIT); closed before anything is written.
-    reads.enter_context(tenant_reads(conn, tenant_id))
-    decided = decided_through(conn, tenant_id)
-    if leading > decided:
-        raise InconsistentFrontier(
-            f"tenant {tenant_id}: a table records txn {leading} but verdicts are decided only "
-            f"through {decided}"
-        )
-    batch = prefetched.result() if prefetched is not None else None
-    # A batch read ahead under another cap (the memory budget moved it): under a larger cap it
-    # is cut to this one, under a smaller one it is a batch as it is. Read from the wrong place
-    # (a stale guess), it is read again.
-    if batch is not None and batch.after == base and batch.max_ops > config.max_batch:
-        batch = batch.head(config.max_batch)
-    if batch is None or batch.after != base:
-        batch = fetcher.fetch(tenant_id, base, config.max_batch, config.max_batch_bytes)
-    seqs = batch.seqs
-    batch_end = seqs[-1] if seqs else base
-    result = BatchResult(tenant_id, base, batch_end, ops=len(seqs))
-    if read_ahead.then is not None:
-        result.next_tenant, after = read_ahead.then
-    elif read_ahead.own and batch.more:
-        result.next_tenant, after = tenant_id, batch_end
-    if result.next_tenant is not None:
-        result.next_batch = fetcher.fetch_async(
-            result.next_tenant, after, config.max_batch, config.max_batch_bytes
-        )
-    if not len(batch):
-        reads.close()
-        _update_frontier(conn, tenant_id, handles, base)
-        return result
-    recorded = deadletter.refused_seqs(conn, tenant_id, base, min(decided, batch_end))
-
-    # The catalog folds every op but the events the columnar checks clear.
-    columns = batch.columns
-    checked = checked_events(columns)
-    ops, rows = _catalog_ops(conn, tenant_id, columns.filter(pc.invert(checked[0])))
-    catalog_events = [
-        op.args["journal_seq"] for _, op in ops if isinstance(op, Op) and op.name == "journal.event"
-    ]
-    bronze = handles[BRONZE_EVENTS.name]
-    cleared_seqs = pc.min_max(pc.cast(pc.filter(columns["f_journal_seq"], checked[0]), pa.int64()))
-    held = _held_events(
-        bronze.table,
-        [*catalog_events, *(s.as_py() for s in cleared_seqs.values() if s.is_valid)],
+    """Read, fold and commit the tenant's next batch (a fetcher of its own, no read-ahead: the
+    drain runs the phases itself to read ahead). `commits` hears each table commit; `tables`
+    keeps the tenant's tables open for a next batch."""
+    batch = TenantBatch(
+        tables=tables or OpenTables(lake),
+        tenant_id=tenant_id,
+        config=config or WriterConfig(),
+        commits=commits,
     )
-    cleared = cleared_events(
-        columns,
-        checked,
-        bronze_txn=bronze.txn,
-        refused={seq for seq in recorded if seq <= decided},
-        held_journal_seqs=set(held),
-        catalog_journal_seqs=catalog_events,
-    )
-    # Cleared events the batch's order decides after all (replays, conflicts, bad JSON text).
-    if pc.any(cleared.folded).as_py():
-        more_ops, more_rows = _catalog_ops(conn, tenant_id, columns.filter(cleared.folded))
-        ops = sorted([*ops, *more_ops], key=lambda pair: pair[0])
-        rows = sorted([*rows, *more_rows], key=lambda row: row[0])
-    result.ops_folded = len(ops)
-    parsed = [op for _, op in ops if isinstance(op, Op)]
-
-    state = _working_state(conn, tenant_id, handles, area_rows, parsed, tables.keys)
-    bound = erasure_bound(conn, tenant_id)
-    reads.close()
-    state.events.update(held)
-    state.bronze.columns = cleared.rows
-    label = f"tenant {tenant_id}, batch ({base}, {batch_end}]"
-    with Watchdog(config.fold_timeout_seconds, label) as watchdog:
-        refused = _fold(ops, decided, recorded, state, watchdog)
-    result.refused = refused
-
-    if batch_end > decided:
-        _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end)
-
-    op_seqs = seqs
-
-    def commit(handle: _Handle, work: AppendWork | KeyedWork) -> None:
-        if before_commit is not None:
-            before_commit(handle.name)
-        configuration = handle.spec.configuration(int(bound.total_seconds()))
-        result.tables.append(
-            _commit_table(
-                lake,
-                tenant_id,
-                handle,
-                work.output,
-                op_seqs,
-                batch_end,
-                leading,
-                config,
-                configuration,
-                work if isinstance(work, KeyedWork) else None,
-            )
-        )
-
-    commit(handles[BRONZE_EVENTS.name], state.bronze)
-    commit(handles[GOLD_LINEAGE.name], state.lineage)
-    for workarea_id in sorted(state.curated):
-        name = str(TableId.curated(workarea_id))
-        handle = handles.get(name) or _handle(tables, tenant_id, GOLD_CURATED, workarea_id)
-        handles[name] = handle
-        commit(handle, state.curated[workarea_id])
-    commit(handles[SILVER_CLAIMS.name], state.silver)
-    commit(handles[GOLD_AREAS.name], state.areas)
-    for handle in handles.values():  # created, or reopened after a conflict
-        tables.keep(handle.uri, handle.table, handle.txn)
-    _update_frontier(conn, tenant_id, handles, batch_end)
-    _compact_on_the_way(conn, tables, tenant_id, handles, result)
-    return result
+    with Fetcher(conn) as fetcher:
+        read = batch.read(conn, fetcher=fetcher, ahead=None)
+    return batch.commit(conn, read, batch.fold(read))
 
 
-def _compact_on_the_way(
-    conn: psycopg.Connection,
-    tables: OpenTables,
-    tenant_id: str,
-    handles: dict[str, _Handle],
-    result: BatchResult,
-) -> None:
-    """Once the batch is recorded, bin-pack the small files of the tables it wrote to, every
-    SMALL_FILES_EVERY versions of each (ADR 0033). Another rewrite under way, or a commit of
-    another writer in between, leaves it for a later batch (a lost race reopens the table)."""
-    wrote = {t.table for t in result.tables if t.action == COMMITTED}
-    for handle in handles.values():
-        if handle.name not in wrote or handle.table is None:
-            continue
-        try:
-            replaced = compact_small_files(
-                conn,
-                handle.table,
-                handle.spec,
-                tenant_id,
-                handle.name,
-                post_commit_hooks(handle.table),
-            )
-        except CommitFailedError:
-            tables.forget(handle.uri)
-            continue
-        if replaced:  # a packing commit moved the version, not the txn: no log read for it
-            tables.keep(handle.uri, handle.table, handle.txn)
+# --- the reads of a batch, in its session --------------------------------------------------------
+
+
+def _decided_through(session: TenantSession) -> int:
+    row = session.execute(queries.DECIDED_THROUGH, (session.tenant_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _refused_in(session: TenantSession, after: int, through: int) -> dict[int, str]:
+    if through <= after:
+        return {}
+    return dict(session.execute(queries.REFUSED_IN, (session.tenant_id, after, through)).fetchall())
+
+
+def _payloads(session: TenantSession, seqs: list[int]) -> dict[int, Any]:
+    """The payloads of ops the fetch sent as columns that the catalog must fold after all."""
+    params = (session.tenant_id, min(seqs), max(seqs), seqs)
+    return dict(session.execute(queries.OUTBOX_PAYLOADS, params).fetchall())
+
+
+def _bodies(session: TenantSession, parsed: list[Op]) -> dict[Key, bytes]:
+    """The claim bodies the batch's promotions and repairs carry into silver."""
+    keys = {
+        (op.args["artifact_id"], op.args["version"])
+        for op in parsed
+        if op.name in ("claim.promote", "claim.repair")
+    }
+    if not keys:
+        return {}
+    artifacts, versions = zip(*sorted(keys), strict=True)
+    rows = session.execute(
+        queries.BODIES_OF, (list(artifacts), list(versions), session.tenant_id)
+    ).fetchall()
+    return {(a, v): bytes(body) for a, v, body in rows}
+
+
+def _api_keys(session: TenantSession, parsed: list[Op]) -> dict[str, str]:
+    """api_key_id -> owning tenant of the keys the batch's events name, other tenants' keys
+    included (through the one cross-tenant read a tenant's scope is granted: owners and ids)."""
+    key_ids = {op.args["api_key_id"] for op in parsed if op.name == "journal.event"}
+    if not key_ids:
+        return {}
+    return dict(session.execute(queries.API_KEY_OWNERS, (sorted(key_ids),)).fetchall())
 
 
 def _catalog_ops(
-    conn: psycopg.Connection, tenant_id: str, fetched: pa.Table
-) -> tuple[list[tuple[int, Op | RefusedOp]], list[tuple]]:
+    session: TenantSession, fetched: pa.Table
+) -> tuple[list[tuple[int, Op | RefusedOp]], list[OutboxRow]]:
     """The fetched rows parsed for the catalog, with the rows themselves (seq, journal_seq, op,
-    payload, origin). Event payloads the fetch took apart are read again as a whole."""
+    payload, origin). Event payloads the fetch took apart are read as a whole."""
     seqs = fetched["seq"].to_pylist()
     texts = fetched["payload_json"].to_pylist()
     missing = [seq for seq, text in zip(seqs, texts, strict=True) if text is None]
-    whole = _payloads(conn, tenant_id, missing) if missing else {}
-    rows = [
+    whole = _payloads(session, missing) if missing else {}
+    rows: list[OutboxRow] = [
         (seq, journal_seq, name, orjson.loads(text) if text is not None else whole[seq], origin)
         for seq, journal_seq, name, text, origin in zip(
             seqs,
@@ -795,136 +555,86 @@ def _catalog_ops(
             strict=True,
         )
     ]
-    return _parse(tenant_id, rows), rows
-
-
-def _parse(tenant_id: str, rows: list[tuple]) -> list[tuple[int, Op | RefusedOp]]:
-    return [
+    tenant_id = session.tenant_id
+    ops = [
         (seq, catalog.parsed(seq, journal_seq, tenant_id, name, payload, origin))
         for seq, journal_seq, name, payload, origin in rows
     ]
+    return ops, rows
 
 
-def _held_events(bronze: DeltaTable | None, journal_seqs: list[int]) -> dict[int, tuple]:
-    """journal_seq -> (event_id, hash) of the events bronze holds between the least and the
-    greatest of `journal_seqs`. Bronze is not queried when no data file's journal_seq range
-    (the log's statistics) reaches theirs: a stream's new events lie above every file."""
-    if bronze is None or not journal_seqs:
-        return {}
-    low, high = min(journal_seqs), max(journal_seqs)
-    if not may_hold(bronze, "journal_seq", low, high):
-        return {}
-    held = query(
-        bronze, "journal_seq, event_id, hash", f"journal_seq BETWEEN {low} AND {high}"
-    ).to_pylist()
-    return {r["journal_seq"]: (r["event_id"], r["hash"]) for r in held}
-
-
-def _open_tables(tables: OpenTables, tenant_id: str) -> tuple[dict[str, _Handle], list[dict]]:
+def _open_tables(
+    tables: OpenTables, tenant_id: str
+) -> tuple[dict[TableId, TableHandle], list[Row]]:
     """Handles on the tenant's core tables and on one curated table per validated area (read
     from gold.areas, whose rows are returned too)."""
-    handles = {spec.name: _handle(tables, tenant_id, spec) for spec in CORE_TABLES}
-    areas = handles[GOLD_AREAS.name]
+    handles = {TableId(spec.name): open_handle(tables, tenant_id, spec) for spec in CORE_TABLES}
+    areas = handles[TableId(GOLD_AREAS.name)]
     area_rows = tables.rows(areas.uri, areas.table, GOLD_AREAS) if areas.table is not None else []
     for area in area_rows:
         if area["status"] == "validated":
-            h = _handle(tables, tenant_id, GOLD_CURATED, area["workarea_id"])
+            h = open_handle(tables, tenant_id, GOLD_CURATED, area["workarea_id"])
             if h.table is None:
                 raise LostCuratedTable(
-                    f"tenant {tenant_id}: {h.name} is missing although gold.areas marks the area "
+                    f"tenant {tenant_id}: {h.id} is missing although gold.areas marks the area "
                     f"validated; delete {tables.lake.tenant_uri(tenant_id)} and drain the tenant "
                     "again"
                 )
-            handles[h.name] = h
+            handles[h.id] = h
     return handles, area_rows
 
 
-def _working_state(
-    conn: psycopg.Connection,
-    tenant_id: str,
-    handles: dict[str, _Handle],
-    area_rows: list[dict],
-    parsed: list[Op],
-    files: FileKeys,
-) -> TenantState:
-    """The tables as their latest versions stand, with every row the batch's ops can touch, plus
-    the claim bodies and api keys those ops need from Postgres."""
+def _working_state(read: BatchRead) -> TenantState:
+    """The tables as their latest versions stand, with every row the batch's ops can touch."""
+
+    def keyed(spec_name: str, workarea_id: str | None = None) -> KeyedWork:
+        table_id = TableId(spec_name, workarea_id)
+        spec = GOLD_CURATED if workarea_id else next(s for s in CORE_TABLES if s.name == spec_name)
+        return KeyedWork(spec, txn=read.txns[table_id])
+
+    touched = read.touched
     state = TenantState(
-        tenant_id=tenant_id,
-        bronze=AppendWork(txn=handles[BRONZE_EVENTS.name].txn),
-        silver=_keyed(handles[SILVER_CLAIMS.name]),
-        lineage=_keyed(handles[GOLD_LINEAGE.name]),
-        areas=_keyed(handles[GOLD_AREAS.name]),
-        curated={h.id.workarea_id: _keyed(h) for h in handles.values() if h.spec is GOLD_CURATED},
-        bodies=_bodies(
-            conn,
-            tenant_id,
-            {
-                (op.args["artifact_id"], op.args["version"])
-                for op in parsed
-                if op.name in ("claim.promote", "claim.repair")
-            },
-        ),
-        api_keys=_api_keys(
-            conn, tenant_id, {op.args["api_key_id"] for op in parsed if op.name == "journal.event"}
-        ),
+        tenant_id=read.tenant_id,
+        bronze=AppendWork(txn=read.txns[TableId(BRONZE_EVENTS.name)]),
+        silver=keyed(SILVER_CLAIMS.name),
+        lineage=keyed(GOLD_LINEAGE.name),
+        areas=keyed(GOLD_AREAS.name),
+        curated={
+            t.workarea_id: keyed(GOLD_CURATED.name, t.workarea_id)
+            for t in read.txns
+            if t.workarea_id is not None
+        },
+        bodies=dict(read.bodies),
+        api_keys=dict(read.api_keys),
     )
-    state.areas.load(area_rows)
-    _prefetch(state, handles, parsed, files)
+    state.areas.load(read.areas)
+    state.silver.load(touched.silver)
+    state.silver.looked_for(touched.silver_sought)
+    state.lineage.load(touched.lineage)
+    state.lineage.looked_for(touched.lineage_sought)
+    for workarea_id, rows in touched.curated.items():
+        state.curated[workarea_id].load(rows)
+    state.events.update(read.held)
+    state.bronze.columns = read.cleared
     return state
 
 
-def _fold(
-    ops: list[tuple[int, Op | RefusedOp]],
-    decided: int,
-    recorded: dict[int, str],
-    state: TenantState,
-    watchdog: Watchdog,
-) -> dict[int, str]:
-    """The batch through the one fold the reconciler also runs (`catalog.fold`), the watchdog
-    told which op it is on. Returns the new refusals."""
-
-    def on_op(seq: int, op: Op | RefusedOp) -> None:
-        watchdog.on = f"op seq {seq} ({op.name if isinstance(op, Op) else 'unparsed'})"
-
-    return catalog.fold(ops, state, decided=decided, recorded=recorded, on_op=on_op).refused
-
-
-def _keyed(handle: _Handle) -> KeyedWork:
-    return KeyedWork(handle.spec, txn=handle.txn)
-
-
-def _record_verdicts(conn, tenant_id, rows, refused, decided, batch_end) -> None:
+def _record_verdicts(conn: psycopg.Connection, read: BatchRead, refused: Mapping[int, str]) -> None:
     """Record this batch's refusals and decided frontier before any table commits; another
     writer that decided first wins, and a disagreement stops this run."""
-    by_seq = {r[0]: r for r in rows}
-    with tenant_scope(conn, tenant_id):
+    by_seq = {r[0]: r for r in read.rows}
+    tenant_id, decided, batch_end = read.tenant_id, read.decided, read.batch_end
+    with tenant_scope(conn, tenant_id) as session:
         for seq, reason in refused.items():
             _, journal_seq, name, payload, _ = by_seq[seq]
-            deadletter.record(conn, seq, tenant_id, journal_seq, name, payload, reason)
-        conn.execute(
-            queries.VERDICTS_UPSERT,
-            (tenant_id, batch_end),
-        )
-    stored = deadletter.refused_seqs(conn, tenant_id, decided, batch_end)
+            deadletter.record(
+                session, seq=seq, journal_seq=journal_seq, op=name, payload=payload, reason=reason
+            )
+        session.execute(queries.VERDICTS_UPSERT, (tenant_id, batch_end))
+    with tenant_scope(conn, tenant_id) as session:
+        stored = _refused_in(session, decided, batch_end)
     if set(stored) != set(refused):
         raise VerdictConflict(
             f"tenant {tenant_id}: recorded refusals in ({decided}, {batch_end}] differ from "
             f"this run's: {sorted(set(stored) ^ set(refused))}"
         )
-
-
-def _update_frontier(conn, tenant_id: str, handles: dict[str, _Handle], batch_end: int) -> None:
-    """Refresh the frontier cache: each table is drained through `batch_end`."""
-    with tenant_scope(conn, tenant_id):
-        for h in handles.values():
-            conn.execute(
-                queries.FRONTIER_UPSERT,
-                (
-                    tenant_id,
-                    h.name,
-                    batch_end,
-                    h.txn,
-                    h.table.version() if h.table is not None else None,
-                ),
-            )
