@@ -381,6 +381,13 @@ ERASURE_CADENCE_SECONDS: Setting[int] = _count_setting(
     "The maintenance cadence the erasure evidence allows on top of the erasure bound.",
     what="whole seconds",
 )
+EXPORTER_LAKE_REFRESH_SECONDS = _seconds_setting(
+    "OML_EXPORTER_LAKE_REFRESH_SECONDS",
+    60.0,
+    "How often `oml-lake exporter` reads the lake's logs (per-table numbers, the erasure "
+    "verdict) in the background; PostgreSQL is read on every scrape.",
+    zero=False,
+)
 
 SETTINGS: tuple[Setting[Any], ...] = (
     PG_DSN,
@@ -407,6 +414,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     ZORDER_CRON,
     VACUUM_CRON,
     ERASURE_CADENCE_SECONDS,
+    EXPORTER_LAKE_REFRESH_SECONDS,
     RETRY_ATTEMPTS,
     RETRY_SECONDS,
     PG_CONNECT_SECONDS,
