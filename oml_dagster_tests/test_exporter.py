@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -266,6 +267,13 @@ def test_a_scrape_shows_each_tenants_numbers(conn, dsn, lake):
     assert value(samples, "oml_lake_exporter_source_up", source="lake") == 1
     assert value(samples, "oml_lake_exporter_scrape_statements") <= 10
 
+    # Every series the shipped alert rules name is one this scrape serves.
+    rules = (
+        Path(__file__).resolve().parents[1] / "deploy/prometheus/oml-lake.rules.yml"
+    ).read_text()
+    served = {name for name, _ in samples}
+    for name in set(re.findall(r"\boml_lake_[a-z_]+", rules)):
+        assert name in served or f"{name}_total" in served, name
     # Tenant isolation of the labels: tenant ids, table ids and names from fixed sets; no path,
     # no DSN, no payload.
     tenants = {ta, tb, tc}
