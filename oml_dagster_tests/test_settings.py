@@ -40,6 +40,7 @@ BAD = {
     "OML_ZORDER_CRON": "every sunday",
     "OML_VACUUM_CRON": "0 4 * * mon;rm",
     "OML_ERASURE_CADENCE_SECONDS": "1.5",
+    "OML_EXPORTER_LAKE_REFRESH_SECONDS": "0",
     "OML_RETRY_ATTEMPTS": "0",
     "OML_RETRY_SECONDS": "-5",
     "OML_PG_CONNECT_SECONDS": "0",
