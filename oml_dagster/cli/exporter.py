@@ -14,10 +14,16 @@ import threading
 from typing import Any
 
 import psycopg
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from oml_dagster import from_settings
-from oml_dagster.lake.audit.metrics import ExporterConfig, LakeCache, LakeMetrics, LakeRefresher
+from oml_dagster.lake.audit.metrics import (
+    ExporterConfig,
+    LakeCache,
+    LakeMetrics,
+    LakeRefresher,
+    MetricsServer,
+)
 from oml_dagster.lake.faults import EXIT_OK, EXIT_USAGE
 from oml_dagster.setting_errors import InvalidSetting
 from oml_dagster.settings import EXPORTER_LAKE_REFRESH_SECONDS, FRESHNESS_BOUND_SECONDS
@@ -69,11 +75,12 @@ def cmd_exporter(args: argparse.Namespace) -> int:
             options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
         )
 
-    metrics = LakeMetrics(connect, LakeCache(lake, cadence=config.cadence), config)
+    cache = LakeCache(lake, cadence=config.cadence)
+    metrics = LakeMetrics(connect, cache, config)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
     try:
-        server, _ = start_http_server(port, addr=host, registry=registry)
+        server = MetricsServer(registry, cache, host, port).start()
     except OSError as error:
         raise InvalidSetting(
             f"--listen {args.listen}: cannot listen there ({error.strerror or error}); pick a "
@@ -95,7 +102,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        server.shutdown()
+        server.stop()
         refresher.stop()
         metrics.close()
     return EXIT_OK
