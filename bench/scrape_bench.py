@@ -116,7 +116,7 @@ def lake_cache(dsn: str, lake: Lake) -> LakeCache:
         )
         for t in tenants
     }
-    cache.refreshed_at = now
+    cache.refreshed_at, cache.clean = now, True
     cache.publish()  # as a refresh ends
     return cache
 

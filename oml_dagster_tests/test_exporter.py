@@ -34,12 +34,14 @@ from oml_dagster.lake.faults import EXIT_PERMANENT, EXIT_USAGE, RetryPolicy
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import APP_ID, SILVER_CLAIMS
 from oml_dagster.lake.store.deltalog import last_checkpoint
+from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.maintenance import maintain
 from oml_dagster.lake.write.counters import WriterCounters
-from oml_dagster.lake.write.drain import DrainPolicy, drain_riding_through
+from oml_dagster.lake.write.drain import DrainPolicy, drain, drain_riding_through
 from oml_dagster.simulate import acts, producer
+from oml_testbed.fault_proxy import FaultProxy
 from oml_testbed.pg_cluster import private_cluster
-from oml_testbed.s3_server import _free_loopback_port
+from oml_testbed.s3_server import _free_loopback_port, lake_env, new_bucket, store_options
 
 from .dagster_support import more_acts, seed_tenant
 
@@ -49,7 +51,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @contextmanager
-def exporter(dsn: str, lake_uri: str, **env: str) -> Iterator[str]:
+def exporter(dsn: str, lake_uri: str | None, **env: str) -> Iterator[str]:
     """The real command on a free loopback port; yields its /metrics URL once it serves."""
     address = f"127.0.0.1:{_free_loopback_port()}"
     proc = subprocess.Popen(
@@ -57,8 +59,8 @@ def exporter(dsn: str, lake_uri: str, **env: str) -> Iterator[str]:
         env={
             **os.environ,
             "OML_PG_DSN": dsn,
-            "OML_LAKE_URI": lake_uri,
             "OML_EXPORTER_LAKE_REFRESH_SECONDS": "0.5",
+            **({"OML_LAKE_URI": lake_uri} if lake_uri else {}),
             **env,
         },
         stdout=subprocess.PIPE,
@@ -357,6 +359,48 @@ def test_a_postgres_restart_is_ridden_through_and_shown(cluster, tmp_path):
         _, back = until(url, lambda s: value(s, lagging, tenant=tenant_id) is not None)
         assert value(back, "oml_lake_exporter_source_up", source="postgres") == 1
         assert value(back, lagging, tenant=tenant_id) > 0
+
+
+@pytest.mark.s3
+def test_an_object_store_outage_is_ridden_through_and_shown(conn, dsn, moto_endpoint):
+    """The lake's store down under a serving exporter (every connection reset): PostgreSQL's
+    numbers are still served, the lake's refresh errors are counted as transient and its age
+    grows, the per-table numbers stay those of the last good read; once the store is back the
+    refresh succeeds again."""
+    bucket = new_bucket(moto_endpoint)
+    direct = Lake(f"s3://{bucket}/oml-lake", store_options(moto_endpoint)).checked()
+    work = seed_tenant(conn)
+    drain(conn, direct, policy=DrainPolicy(until_idle=True))
+    t = work.keys.tenant_id
+    table = {"tenant": t, "table": "silver.claims"}
+    lake_errors = "oml_lake_exporter_refresh_errors_total"
+    transient = {"source": "lake", "class": "transient"}
+    with FaultProxy(moto_endpoint, rate=0.0) as proxy:
+        env = {
+            **lake_env(proxy.endpoint, bucket),
+            # One try per request: the outage shows at the next refresh, not after a minute of
+            # object_store's own retries.
+            "OML_LAKE_STORAGE_OPTIONS": '{"max_retries": "0", "retry_timeout": "2s"}',
+        }
+        with exporter(dsn, None, **env) as url:
+            _, good = until(url, lambda s: value(s, "oml_lake_table_version", **table) is not None)
+            assert value(good, "oml_lake_exporter_source_up", source="lake") == 1
+            version = value(good, "oml_lake_table_version", **table)
+            proxy.outage = True
+            try:
+                _, down = until(url, lambda s: (value(s, lake_errors, **transient) or 0) >= 1)
+            finally:
+                proxy.outage = False
+            assert value(down, lake_errors, **transient) >= 1
+            assert value(down, "oml_lake_exporter_source_up", source="lake") == 0
+            assert value(down, "oml_lake_exporter_source_up", source="postgres") == 1
+            assert value(down, "oml_lake_tenant_drain_lag_seconds", tenant=t) is not None
+            assert value(down, "oml_lake_table_version", **table) == version
+            _, back = until(
+                url, lambda s: value(s, "oml_lake_exporter_source_up", source="lake") == 1
+            )
+            assert value(back, "oml_lake_exporter_source_up", source="lake") == 1
+            assert value(back, "oml_lake_exporter_last_refresh_age_seconds", source="lake") < 30
 
 
 @pytest.mark.parametrize(

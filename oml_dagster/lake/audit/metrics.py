@@ -305,6 +305,7 @@ class LakeCache:
     judge_erasure: bool = True
     tenants: dict[str, TenantLake] = field(default_factory=dict)
     refreshed_at: float | None = None  # time.time() of the last clean refresh
+    clean: bool = False  # whether the last refresh read every tenant
     errors: dict[str, int] = field(default_factory=dict)  # class -> failed reads
     # The tables' families rendered (OpenMetrics without its end, Prometheus text): `publish`.
     rendered: tuple[bytes, bytes] = (b"", b"")
@@ -358,6 +359,7 @@ class LakeCache:
                     self.tenants[tenant_id] = found[tenant_id]
             for gone in set(self.tenants) - set(tenant_ids):
                 del self.tenants[gone]
+            self.clean = clean
             if clean:
                 self.refreshed_at = time.time()
         self.publish()
@@ -381,9 +383,9 @@ class LakeCache:
         with self.lock:
             self.errors[kind] = self.errors.get(kind, 0) + 1
 
-    def snapshot(self) -> tuple[dict[str, TenantLake], float | None, dict[str, int]]:
+    def snapshot(self) -> tuple[dict[str, TenantLake], float | None, dict[str, int], bool]:
         with self.lock:
-            return dict(self.tenants), self.refreshed_at, dict(self.errors)
+            return dict(self.tenants), self.refreshed_at, dict(self.errors), self.clean
 
 
 # --- the collector -----------------------------------------------------------------------------
@@ -455,9 +457,11 @@ class LakeMetrics(Collector):
         with self.lock:
             authority = self.read()
             authority_at, pg_errors = self.authority_at, dict(self.errors)
-        lake_tenants, lake_at, lake_errors = self.cache.snapshot()
+        lake_tenants, lake_at, lake_errors, lake_clean = self.cache.snapshot()
         now = time.time()
-        yield from self._health(now, authority, authority_at, pg_errors, lake_at, lake_errors)
+        yield from self._health(
+            now, authority, authority_at, pg_errors, lake_at, lake_errors, lake_clean
+        )
         if authority is not None:
             yield from self._authority(authority, lake_tenants)
 
@@ -469,14 +473,16 @@ class LakeMetrics(Collector):
         pg_errors: dict[str, int],
         lake_at: float | None,
         lake_errors: dict[str, int],
+        lake_clean: bool,
     ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         up = GaugeMetricFamily(
             "oml_lake_exporter_source_up",
-            "Whether the source's last read succeeded (postgres: this scrape's read)",
+            "Whether the source's last read succeeded (postgres: this scrape's; lake: the last "
+            "refresh, every tenant)",
             labels=["source"],
         )
         up.add_metric([POSTGRES], 1.0 if authority is not None else 0.0)
-        up.add_metric([LAKE], 1.0 if lake_at is not None and not lake_errors else 0.0)
+        up.add_metric([LAKE], 1.0 if lake_clean else 0.0)
         yield up
         age = GaugeMetricFamily(
             "oml_lake_exporter_last_refresh_age_seconds",
