@@ -287,6 +287,37 @@ def test_the_ci_override_keeps_every_server_on_loopback_and_pulls_no_image():
     )
 
 
+def test_the_exporter_and_prometheus_run_in_the_stack_on_loopback_in_ci():
+    """The exporter (`oml-lake exporter`, the writer's role) and Prometheus (Debian's package,
+    built here, the lake's rules loaded) are services of the stack; under the CI override both
+    listen on 127.0.0.1 and Prometheus scrapes the port the exporter listens on."""
+    base, ci = compose()["services"], compose_ci()["services"]
+    exporter, prometheus = base["exporter"], base["prometheus"]
+    assert exporter["image"] == base["migrate"]["image"]
+    assert exporter["command"][:2] == ["oml-lake", "exporter"]
+    assert exporter["environment"]["OML_PG_DSN"].startswith("postgresql://oml_writer:")
+    assert exporter["healthcheck"]["test"] and exporter["init"] is True
+    assert prometheus["build"]["dockerfile"] == "deploy/docker/prometheus.Dockerfile"
+    dockerfile = (DOCKER / "prometheus.Dockerfile").read_text()
+    assert "apt-get install -y --no-install-recommends prometheus" in dockerfile
+    for source in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
+        for path in source.split():
+            assert (REPO / path).exists() and _in_build_context(path), path
+    listen = ci["exporter"]["command"][ci["exporter"]["command"].index("--listen") + 1]
+    assert listen.startswith("127.0.0.1:")
+    assert any(a.startswith("--web.listen-address=127.0.0.1:") for a in ci["prometheus"]["command"])
+    ci_config = yaml.safe_load((DOCKER / "ci" / "prometheus.yml").read_text())
+    (job,) = ci_config["scrape_configs"]
+    assert job["job_name"] == "oml-lake-exporter"
+    assert job["static_configs"][0]["targets"] == [listen]
+    config = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["static_configs"][0]["targets"] == [
+        "exporter:" + exporter["command"][-1].rsplit(":", 1)[1]
+    ]
+    assert config["rule_files"] == ["/etc/oml-prometheus/oml-lake.rules.yml"]
+
+
 # --- Helm --------------------------------------------------------------------------------------
 
 
