@@ -321,6 +321,39 @@ def test_the_exporter_and_prometheus_run_in_the_stack_on_loopback_in_ci():
 # --- Helm --------------------------------------------------------------------------------------
 
 
+def test_the_helm_exporter_runs_the_code_locations_image_settings_and_secrets():
+    """deploy/helm/exporter.yaml: the exporter as a Deployment of the user deployment's image,
+    env and secrets, and a Service with scrape annotations on the port it listens on; the
+    ServiceMonitor (the Prometheus Operator's) selects that Service; compose runs the same."""
+    documents = list(yaml.safe_load_all((REPO / "deploy" / "helm" / "exporter.yaml").read_text()))
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    service = next(d for d in documents if d["kind"] == "Service")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (user,) = helm()["dagster-user-deployments"]["deployments"]
+    image = user["image"]
+    assert container["image"] == f"{image['repository']}:{image['tag']}"
+    assert container["command"] == compose()["services"]["exporter"]["command"]
+    port = int(container["command"][-1].rsplit(":", 1)[1])
+    assert container["ports"][0]["containerPort"] == port
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    assert service["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    user_env = {e["name"]: e.get("value") for e in user["env"]}
+    for e in container["env"]:
+        assert e["name"] in names_the_code_reads(), e
+        if e["name"] in user_env:
+            assert e["value"] == user_env[e["name"]], e
+    assert [s["secretRef"]["name"] for s in container["envFrom"]] == [
+        s["name"] for s in user["envSecrets"]
+    ]
+    monitor = yaml.safe_load(
+        (REPO / "deploy" / "helm" / "exporter-servicemonitor.yaml").read_text()
+    )
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
 def test_helm_values_launch_one_pod_per_run_from_the_code_location_image():
     values = helm()
     assert values["runLauncher"]["type"] == "K8sRunLauncher"
