@@ -7,6 +7,7 @@ is ridden through and shown as refresh errors; bad settings stop it with one lin
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 import subprocess
@@ -30,7 +31,7 @@ from oml_dagster.lake.audit.freshness import tenant_lags
 from oml_dagster.lake.audit.metrics import PendingErases, erasure_state, maintenance_kind
 from oml_dagster.lake.audit.reconcile import reconcile
 from oml_dagster.lake.audit.reconcile import record as record_checks
-from oml_dagster.lake.faults import EXIT_PERMANENT, EXIT_USAGE, RetryPolicy
+from oml_dagster.lake.faults import EXIT_PERMANENT, EXIT_USAGE, RetryPolicy, classify
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.model.tables import APP_ID, SILVER_CLAIMS
 from oml_dagster.lake.store.deltalog import last_checkpoint
@@ -145,6 +146,9 @@ def test_a_scrape_shows_each_tenants_numbers(conn, dsn, lake):
         policy=DrainPolicy(until_idle=True),
         counters=counters,
     )
+    # A retry, as a drain that lost its PostgreSQL session records it.
+    counters.retried(classify(psycopg.OperationalError("server closed the connection")))
+    assert counters.flush()
     record_checks(conn, reconcile(conn, lake, a.keys.tenant_id))
     _sequenced_not_drained(conn, a, 3)
     _behind_a_gap(conn, a.keys.tenant_id)
@@ -264,18 +268,27 @@ def test_a_scrape_shows_each_tenants_numbers(conn, dsn, lake):
         assert value(samples, "oml_lake_writer_commits_total", tenant=t, action="committed") >= 4
         assert value(samples, "oml_lake_writer_batch_seconds_count", tenant=t) >= 1
     assert value(samples, "oml_lake_writer_last_report_timestamp_seconds") is not None
+    assert (
+        value(samples, "oml_lake_writer_retries_total", **{"class": "postgresql_connection_lost"})
+        == 1
+    )
     # Its own health.
     assert value(samples, "oml_lake_exporter_source_up", source="postgres") == 1
     assert value(samples, "oml_lake_exporter_source_up", source="lake") == 1
     assert value(samples, "oml_lake_exporter_scrape_statements") <= 10
 
-    # Every series the shipped alert rules name is one this scrape serves.
-    rules = (
-        Path(__file__).resolve().parents[1] / "deploy/prometheus/oml-lake.rules.yml"
-    ).read_text()
+    # Every series the shipped alert rules and the dashboard's queries name is one this scrape
+    # serves.
+    deploy = Path(__file__).resolve().parents[1] / "deploy"
+    rules = (deploy / "prometheus" / "oml-lake.rules.yml").read_text()
+    queries = " ".join(
+        t["expr"]
+        for p in json.loads((deploy / "grafana" / "oml-lake.json").read_text())["panels"]
+        for t in p["targets"]
+    )
     served = {name for name, _ in samples}
-    for name in set(re.findall(r"\boml_lake_[a-z_]+", rules)):
-        assert name in served or f"{name}_total" in served, name
+    for name in set(re.findall(r"\boml_lake_[a-z_]+", rules + " " + queries)):
+        assert name in served, name
     # Tenant isolation of the labels: tenant ids, table ids and names from fixed sets; no path,
     # no DSN, no payload.
     tenants = {ta, tb, tc}
