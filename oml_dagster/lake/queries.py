@@ -407,7 +407,7 @@ ERASURE_BOUND = "SELECT lake_erasure_bound FROM oml.tenant_policy WHERE tenant_i
 OUTBOX_LAG = "SELECT count(*), min(created_at) FROM oml.outbox WHERE tenant_id = %s AND seq > %s"
 
 
-# --- monitoring (audit/metrics.py, write/counters.py; migration 0005) ---------------------------
+# --- monitoring (audit/metrics.py, write/counters.py; the `monitoring` migration) -------------
 
 # Every known tenant (policy or sequencer) with the cut's position, the least batch end of its
 # core tables in the frontier cache, when its last drain finished, its erasure bound, and
