@@ -827,11 +827,12 @@ class MetricsServer:
         return body + text, content_type
 
     def start(self) -> MetricsServer:
-        def app(environ: WSGIEnviron, start_response: Callable[..., object]) -> Iterable[bytes]:
-            if environ.get("PATH_INFO") not in ("/metrics", "/"):
+        # A WSGI application; `request` is WSGI's per-request dictionary (not the process's).
+        def app(request: WSGIEnviron, start_response: Callable[..., object]) -> Iterable[bytes]:
+            if request.get("PATH_INFO") not in ("/metrics", "/"):
                 start_response("404 Not Found", [("Content-Type", "text/plain")])
                 return [b"not found: the metrics are at /metrics\n"]
-            body, content_type = self.body(str(environ.get("HTTP_ACCEPT") or ""))
+            body, content_type = self.body(str(request.get("HTTP_ACCEPT") or ""))
             start_response("200 OK", [("Content-Type", content_type)])
             return [body]
 
