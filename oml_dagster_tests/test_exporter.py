@@ -156,6 +156,13 @@ def test_a_scrape_shows_each_tenants_numbers(conn, dsn, lake):
     _erase_waiting(conn, b.keys, b.claims[0], week + dt.timedelta(hours=6))
     _erase_waiting(conn, c.keys, c.claims[0], week + dt.timedelta(days=2))
     sequencer.sequence(conn)
+    # A dead letter of an op no catalog knows, named like a path: counted as `unknown`, its
+    # name never a label.
+    conn.execute(
+        "INSERT INTO oml.lake_dead_letter (seq, tenant_id, journal_seq, op, payload, reason)"
+        " VALUES (999999999, %s, 1, %s, '{}', 'unknown op')",
+        (b.keys.tenant_id, "../../etc/secret op"),
+    )
     # C's erasure bound of a second makes its maintenance checkpoint and vacuum now.
     conn.execute(
         "UPDATE oml.tenant_policy SET lake_erasure_bound = interval '1 second'"
@@ -205,6 +212,13 @@ def test_a_scrape_shows_each_tenants_numbers(conn, dsn, lake):
             )
             == 0
         )
+    assert (
+        value(samples, "oml_lake_tenant_dead_letters_open", tenant=tb, **{"class": "unknown"}) == 1
+    )
+    assert (
+        value(samples, "oml_lake_tenant_dead_letters_open", tenant=ta, **{"class": "unknown"})
+        is None
+    )
     states = {
         t: {
             s: value(samples, "oml_lake_tenant_erasure_state", tenant=t, state=s.replace(" ", "_"))
@@ -304,6 +318,7 @@ def test_a_scrape_shows_each_tenants_numbers(conn, dsn, lake):
             else:
                 assert re.fullmatch(r"[a-z0-9_.]+", label), (name, label)
     assert lake.root not in text and "postgresql://" not in text and "/tmp" not in text
+    assert "secret" not in text and "../" not in text
 
 
 @given(
