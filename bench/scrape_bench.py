@@ -13,15 +13,22 @@ in the background on its cadence). The exporter's collector is served as `oml-la
 serves it (`MetricsServer`) on loopback and scraped with OpenMetrics' Accept header, as
 Prometheus does; statements are counted by a counting connection.
 
-    .venv/bin/python bench/scrape_bench.py --tenants 1000 --scrapes 20
+Then the lake's background refresh (`LakeCache.refresh`) over a real lake of `--lake-tenants`
+tenants with a mixed workload each: its time per tenant, with the doctor's erasure verdict and
+without it (what a refresh at many tenants costs, beside the refresh cadence).
+
+    .venv/bin/python bench/scrape_bench.py --tenants 100 1000 --scrapes 20 --lake-tenants 10
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
+import sys
+import tempfile
 import time
 import urllib.request
 from typing import Any
@@ -39,12 +46,20 @@ from oml_dagster.lake.audit.metrics import (
     TableState,
     TenantLake,
 )
+from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.write.drain import DrainPolicy, drain
+from oml_dagster.simulate import producer
 
 try:
     from bench._support import fresh_database, machine
 except ImportError:  # run as a script
     from _support import fresh_database, machine
+
+if __package__ is None or __package__ == "":  # run as a script: the repository's root first
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from oml_testbed.workloads import mixed_workload  # noqa: E402
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 CORE = ("bronze.events", "silver.claims", "gold.lineage", "gold.areas")
@@ -196,15 +211,52 @@ def run(tenants: int, ops: int, scrapes: int) -> dict[str, Any]:
     }
 
 
+def lake_refresh(tenants: int, refreshes: int) -> dict[str, Any]:
+    """The background refresh over a real lake on local disk: `tenants` tenants with a mixed
+    workload each (five or six tables: the core four and curated ones), drained; the time of one
+    refresh, with the doctor's erasure verdict and without it, per tenant."""
+    with fresh_database("oml_refresh") as dsn, tempfile.TemporaryDirectory() as root:
+        lake = Lake(os.path.join(root, "oml-lake"))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ids = []
+            for _ in range(tenants):
+                keys = producer.create_tenant(conn)
+                mixed_workload(conn, keys)
+                ids.append(keys.tenant_id)
+            sequencer.sequence(conn)
+            drain(conn, lake, policy=DrainPolicy(until_idle=True))
+        found: dict[str, Any] = {"lake_tenants": tenants}
+        for judged in (True, False):
+            cache = LakeCache(lake, judge_erasure=judged)
+            times = []
+            for _ in range(refreshes):
+                started = time.perf_counter()
+                cache.refresh(ids, lambda: psycopg.connect(dsn, autocommit=True))
+                times.append(time.perf_counter() - started)
+            assert cache.clean and not cache.errors, cache.errors
+            key = "with_erasure_verdict" if judged else "tables_only"
+            found[f"refresh_{key}_per_tenant_s"] = round(statistics.median(times) / tenants, 4)
+        found["tables"] = sum(len(t.tables) for t in cache.tenants.values())
+        return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tenants", type=int, nargs="+", default=[1000])
     parser.add_argument("--ops", type=int, default=20, help="outbox rows per tenant")
     parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument(
+        "--lake-tenants",
+        type=int,
+        default=10,
+        help="tenants of the lake refresh's measure (0: none)",
+    )
     args = parser.parse_args()
     print(machine(), flush=True)
     for n in args.tenants:
         print(json.dumps(run(n, args.ops, args.scrapes)), flush=True)
+    if args.lake_tenants:
+        print(json.dumps(lake_refresh(args.lake_tenants, 3)), flush=True)
 
 
 if __name__ == "__main__":

@@ -306,6 +306,7 @@ class LakeCache:
     tenants: dict[str, TenantLake] = field(default_factory=dict)
     refreshed_at: float | None = None  # time.time() of the last clean refresh
     clean: bool = False  # whether the last refresh read every tenant
+    duration: float | None = None  # seconds the last refresh took
     errors: dict[str, int] = field(default_factory=dict)  # class -> failed reads
     # The tables' families rendered (OpenMetrics without its end, Prometheus text): `publish`.
     rendered: tuple[bytes, bytes] = (b"", b"")
@@ -314,6 +315,7 @@ class LakeCache:
     def refresh(self, tenant_ids: list[str], connect: Callable[[], psycopg.Connection]) -> None:
         """Read every tenant of `tenant_ids` from the lake (and the erasure verdict, which also
         reads PostgreSQL, over one connection from `connect`)."""
+        started = time.monotonic()
         clean = True
         found: dict[str, TenantLake] = {}
         conn: psycopg.Connection | None = None
@@ -360,6 +362,7 @@ class LakeCache:
             for gone in set(self.tenants) - set(tenant_ids):
                 del self.tenants[gone]
             self.clean = clean
+            self.duration = time.monotonic() - started
             if clean:
                 self.refreshed_at = time.time()
         self.publish()
@@ -383,9 +386,17 @@ class LakeCache:
         with self.lock:
             self.errors[kind] = self.errors.get(kind, 0) + 1
 
-    def snapshot(self) -> tuple[dict[str, TenantLake], float | None, dict[str, int], bool]:
+    def snapshot(
+        self,
+    ) -> tuple[dict[str, TenantLake], float | None, dict[str, int], bool, float | None]:
         with self.lock:
-            return dict(self.tenants), self.refreshed_at, dict(self.errors), self.clean
+            return (
+                dict(self.tenants),
+                self.refreshed_at,
+                dict(self.errors),
+                self.clean,
+                self.duration,
+            )
 
 
 # --- the collector -----------------------------------------------------------------------------
@@ -457,10 +468,10 @@ class LakeMetrics(Collector):
         with self.lock:
             authority = self.read()
             authority_at, pg_errors = self.authority_at, dict(self.errors)
-        lake_tenants, lake_at, lake_errors, lake_clean = self.cache.snapshot()
+        lake_tenants, lake_at, lake_errors, lake_clean, lake_duration = self.cache.snapshot()
         now = time.time()
         yield from self._health(
-            now, authority, authority_at, pg_errors, lake_at, lake_errors, lake_clean
+            now, authority, authority_at, pg_errors, lake_at, lake_errors, lake_clean, lake_duration
         )
         if authority is not None:
             yield from self._authority(authority, lake_tenants)
@@ -474,6 +485,7 @@ class LakeMetrics(Collector):
         lake_at: float | None,
         lake_errors: dict[str, int],
         lake_clean: bool,
+        lake_duration: float | None,
     ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         up = GaugeMetricFamily(
             "oml_lake_exporter_source_up",
@@ -502,6 +514,23 @@ class LakeMetrics(Collector):
             for kind in (TRANSIENT, PERMANENT, INTERNAL):
                 errors.add_metric([source, kind], counts.get(kind, 0))
         yield errors
+        # What the lake's age is judged against: it refreshes every interval, each refresh
+        # taking its duration (a refresh at many tenants takes minutes: bench/RESULTS.md).
+        interval = GaugeMetricFamily(
+            "oml_lake_exporter_refresh_interval_seconds",
+            "Seconds between the lake refreshes (OML_EXPORTER_LAKE_REFRESH_SECONDS)",
+            labels=["source"],
+        )
+        interval.add_metric([LAKE], self.config.lake_refresh_seconds)
+        yield interval
+        took = GaugeMetricFamily(
+            "oml_lake_exporter_refresh_duration_seconds",
+            "Seconds the last lake refresh took",
+            labels=["source"],
+        )
+        if lake_duration is not None:
+            took.add_metric([LAKE], lake_duration)
+        yield took
         if authority is not None:
             yield GaugeMetricFamily(
                 "oml_lake_exporter_scrape_statements",
