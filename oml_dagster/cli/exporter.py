@@ -14,16 +14,8 @@ import threading
 from typing import Any
 
 import psycopg
-from prometheus_client import CollectorRegistry
 
 from oml_dagster import from_settings
-from oml_dagster.lake.audit.metrics import (
-    ExporterConfig,
-    LakeCache,
-    LakeMetrics,
-    LakeRefresher,
-    MetricsServer,
-)
 from oml_dagster.lake.faults import EXIT_OK, EXIT_USAGE
 from oml_dagster.setting_errors import InvalidSetting
 from oml_dagster.settings import EXPORTER_LAKE_REFRESH_SECONDS, FRESHNESS_BOUND_SECONDS
@@ -53,6 +45,17 @@ def listen_address(text: str) -> tuple[str, int]:
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
+    # Here, not at the top: every other command would pay for importing prometheus-client.
+    from prometheus_client import CollectorRegistry
+
+    from oml_dagster.lake.audit.metrics import (
+        ExporterConfig,
+        LakeCache,
+        LakeMetrics,
+        LakeRefresher,
+        MetricsServer,
+    )
+
     try:
         host, port = listen_address(args.listen)
     except ValueError as error:
