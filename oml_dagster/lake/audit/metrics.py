@@ -342,7 +342,7 @@ class LakeCache:
                     found[tenant_id] = TenantLake(tables, verdict)
                 except Exception as error:
                     clean = False
-                    self._count(error)
+                    self.count(error)
                     if conn is not None and conn.closed:
                         conn = None
                     with self.lock:
@@ -351,7 +351,7 @@ class LakeCache:
                         found[tenant_id] = previous
         except Exception as error:  # `connect` itself failed
             clean = False
-            self._count(error)
+            self.count(error)
         finally:
             if conn is not None:
                 conn.close()
@@ -381,7 +381,8 @@ class LakeCache:
         with self.lock:
             self.rendered = rendered
 
-    def _count(self, error: BaseException) -> None:
+    def count(self, error: BaseException) -> None:
+        """Count a failed read of the lake by its class."""
         kind = fault_class(error)
         with self.lock:
             self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -790,11 +791,16 @@ class LakeRefresher(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            tenants = self.metrics.tenant_ids()
-            if not tenants and self.metrics.last is None:
-                self.metrics.collect_authority_once()
+            try:
                 tenants = self.metrics.tenant_ids()
-            self.metrics.cache.refresh(tenants, self.connect)
+                if not tenants and self.metrics.last is None:
+                    self.metrics.collect_authority_once()
+                    tenants = self.metrics.tenant_ids()
+                self.metrics.cache.refresh(tenants, self.connect)
+            except Exception as error:
+                # The thread must outlive anything: a dead refresher would leave the lake's
+                # numbers frozen. The error is counted; the lake's age shows the rest.
+                self.metrics.cache.count(error)
             self.stopping.wait(self.seconds)
 
     def stop(self) -> None:
