@@ -339,6 +339,12 @@ def stream_with_kills(seed: int, seconds: int) -> str:
         if not any(e.startswith(needed) for e in env):
             raise SmokeFailed(f"run container {victim['id'][:12]} lacks {needed}")
     time.sleep(max(0.0, KILL_AFTER - (time.monotonic() - started)))
+    # The run found first may have ended meanwhile (a shard run's time is up): kill one that runs.
+    running = [c for job in lake_jobs for c in run_containers(job)]
+    if victim not in running:
+        if not running:
+            raise SmokeFailed("no lake-writer run container is running to kill")
+        victim = running[0]
     say(f"killing the daemon and run container {victim['id'][:12]} (run {victim['run_id']})")
     run("docker", "kill", container("daemon"))
     run("docker", "kill", victim["id"])
