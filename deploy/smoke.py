@@ -7,9 +7,11 @@ Steps, each bounded in time, each failing with its reason:
      tenant's lake on S3 holds everything sequenced, each journal event exactly once, and
      `oml-lake reconcile` exits 0 (run inside the code image); the webserver's GraphQL API must
      show succeeded lake runs and every tenant as a partition of each lake asset;
+     Prometheus (scraping `oml-lake exporter`) must hold every tenant's lag series;
   4. stream a second workload (new tenants); mid-stream, kill the daemon container and a running
-     lake-writer run container, then start the daemon again; check all of 3 again, and that the
-     killed run is marked failed;
+     lake-writer run container, wait until Prometheus's stuck-tenant alert is pending or firing
+     (the CI rules shorten its ten minutes to 20 s), then start the daemon again; check all of 3
+     again, that the killed run is marked failed and that the alert resolved;
   5. delete one tenant's lake prefix, launch a backfill of its partition of the lake assets
      through the GraphQL API (as the UI's "Materialize selected" does), and check the rebuilt lake
      reconciles and holds the same rows as before;
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -39,7 +42,9 @@ IMAGE = "oml-lake:0.1.0"
 PG_PORT = os.environ.setdefault("OML_SMOKE_PG_PORT", "15432")
 S3_PORT = os.environ.setdefault("OML_SMOKE_S3_PORT", "19000")
 UI_PORT = os.environ.setdefault("OML_SMOKE_UI_PORT", "13000")
-SERVICES = ("postgres", "minio", "code", "webserver", "daemon")
+PROM_PORT = os.environ.setdefault("OML_SMOKE_PROM_PORT", "19090")
+SERVICES = ("postgres", "minio", "code", "webserver", "daemon", "exporter", "prometheus")
+STUCK = "OmlLakeTenantStuck"
 ONE_SHOT = ("migrate", "minio-init")
 LAKE_ASSETS = (
     ["bronze", "events"],
@@ -218,6 +223,42 @@ def partitions(path: list[str]) -> tuple[set[str], set[str]]:
     return set(node["partitionKeys"]), set(statuses.get("materializedPartitions") or [])
 
 
+# --- Prometheus's HTTP API -------------------------------------------------------------------
+
+
+def prometheus(path: str, **params: str) -> list:
+    query = urllib.parse.urlencode(params)
+    url = f"http://127.0.0.1:{PROM_PORT}/api/v1/{path}" + (f"?{query}" if query else "")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            answer = json.load(response)
+    except (urllib.error.URLError, OSError) as exc:
+        raise SmokeFailed(f"Prometheus: {exc}") from exc
+    if answer.get("status") != "success":
+        raise SmokeFailed(f"Prometheus: {answer}")
+    data = answer["data"]
+    return data["alerts"] if path == "alerts" else data["result"]
+
+
+def lag_series_in_prometheus(tenants: list[str]) -> None:
+    def every_tenant():
+        found = {
+            r["metric"].get("tenant")
+            for r in prometheus("query", query="oml_lake_tenant_drain_lag_seconds")
+        }
+        missing = sorted(set(tenants) - found)
+        if missing:
+            raise SmokeFailed(f"no lag series in Prometheus for {missing}")
+        return True
+
+    wait_for("Prometheus holds every tenant's lag series", every_tenant, timeout=120, interval=5)
+    say(f"Prometheus holds the lag series of all {len(tenants)} tenants")
+
+
+def stuck_alerts() -> list[dict]:
+    return [a for a in prometheus("alerts") if a["labels"].get("alertname") == STUCK]
+
+
 # --- the checks --------------------------------------------------------------------------------
 
 
@@ -298,14 +339,43 @@ def stream_with_kills(seed: int, seconds: int) -> str:
         if not any(e.startswith(needed) for e in env):
             raise SmokeFailed(f"run container {victim['id'][:12]} lacks {needed}")
     time.sleep(max(0.0, KILL_AFTER - (time.monotonic() - started)))
+    # The run found first may have ended meanwhile (a shard run's time is up): kill one that runs.
+    running = [c for job in lake_jobs for c in run_containers(job)]
+    if victim not in running:
+        if not running:
+            raise SmokeFailed("no lake-writer run container is running to kill")
+        victim = running[0]
     say(f"killing the daemon and run container {victim['id'][:12]} (run {victim['run_id']})")
     run("docker", "kill", container("daemon"))
     run("docker", "kill", victim["id"])
     time.sleep(10)
+    # Nothing drains the killed run's tenants now, and nothing cuts once the other shard runs
+    # end: the stuck-tenant alert must come (pending, then firing).
+    alerts = wait_for(
+        f"the {STUCK} alert pending or firing while the daemon is down",
+        lambda: [a for a in stuck_alerts() if a["state"] in ("pending", "firing")],
+        timeout=180,
+        interval=5,
+    )
+    say(
+        f"{STUCK}: {len(alerts)} tenants "
+        f"({', '.join(sorted({a['state'] for a in alerts}))}) with the daemon down"
+    )
     say("starting the daemon again")
     run("docker", "start", container("daemon"))
     end_stream(name, seconds)
     return victim["run_id"]
+
+
+def stuck_resolved() -> None:
+    def none_active():
+        active = stuck_alerts()
+        if active:
+            raise SmokeFailed(f"{STUCK} still {[a['state'] for a in active]}")
+        return True
+
+    wait_for(f"the {STUCK} alert resolved", none_active, timeout=180, interval=5)
+    say(f"{STUCK}: resolved with every tenant drained")
 
 
 def converged(tenants: int) -> list[str]:
@@ -434,7 +504,7 @@ def build() -> None:
             (Path(context) / "none.crt").write_text("")
         say(f"building the CI base image ({len(certs)} extra CA certificates)")
         run("docker", "build", "-q", "--network", "host", "-t", "local/debian-ci:bookworm", context)
-    say("building the images (code location, PostgreSQL, moto)")
+    say("building the images (code location, PostgreSQL, moto, Prometheus)")
     compose("build", timeout=1500)
 
 
@@ -461,10 +531,12 @@ def main() -> int:
         end_stream(*start_stream(7, FIRST_STREAM_SECONDS)[:1], FIRST_STREAM_SECONDS)
         tenants = converged(TENANTS)
         check_dagster_view(tenants)
+        lag_series_in_prometheus(tenants)
         say("streaming the second workload, killing the daemon and a run container mid-stream")
         killed = stream_with_kills(8, STREAM_SECONDS)
         tenants = converged(2 * TENANTS)
         check_dagster_view(tenants, killed)
+        stuck_resolved()
         backfill_lost_tenant(tenants[0])
         failed = False
     except (SmokeFailed, subprocess.TimeoutExpired) as exc:

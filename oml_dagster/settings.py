@@ -388,6 +388,13 @@ PURGE_GRACE_SECONDS: Setting[float] = _seconds_setting(
     "export on request); at most half the tenant's erasure bound, so the purge lands within it.",
     zero=True,
 )
+EXPORTER_LAKE_REFRESH_SECONDS = _seconds_setting(
+    "OML_EXPORTER_LAKE_REFRESH_SECONDS",
+    60.0,
+    "How often `oml-lake exporter` reads the lake's logs (per-table numbers, the erasure "
+    "verdict) in the background; PostgreSQL is read on every scrape.",
+    zero=False,
+)
 
 SETTINGS: tuple[Setting[Any], ...] = (
     PG_DSN,
@@ -415,6 +422,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     VACUUM_CRON,
     ERASURE_CADENCE_SECONDS,
     PURGE_GRACE_SECONDS,
+    EXPORTER_LAKE_REFRESH_SECONDS,
     RETRY_ATTEMPTS,
     RETRY_SECONDS,
     PG_CONNECT_SECONDS,

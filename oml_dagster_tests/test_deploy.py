@@ -287,7 +287,71 @@ def test_the_ci_override_keeps_every_server_on_loopback_and_pulls_no_image():
     )
 
 
+def test_the_exporter_and_prometheus_run_in_the_stack_on_loopback_in_ci():
+    """The exporter (`oml-lake exporter`, the writer's role) and Prometheus (Debian's package,
+    built here, the lake's rules loaded) are services of the stack; under the CI override both
+    listen on 127.0.0.1 and Prometheus scrapes the port the exporter listens on."""
+    base, ci = compose()["services"], compose_ci()["services"]
+    exporter, prometheus = base["exporter"], base["prometheus"]
+    assert exporter["image"] == base["migrate"]["image"]
+    assert exporter["command"][:2] == ["oml-lake", "exporter"]
+    assert exporter["environment"]["OML_PG_DSN"].startswith("postgresql://oml_writer:")
+    assert exporter["healthcheck"]["test"] and exporter["init"] is True
+    assert prometheus["build"]["dockerfile"] == "deploy/docker/prometheus.Dockerfile"
+    dockerfile = (DOCKER / "prometheus.Dockerfile").read_text()
+    assert "apt-get install -y --no-install-recommends prometheus" in dockerfile
+    for source in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
+        for path in source.split():
+            assert (REPO / path).exists() and _in_build_context(path), path
+    listen = ci["exporter"]["command"][ci["exporter"]["command"].index("--listen") + 1]
+    assert listen.startswith("127.0.0.1:")
+    assert any(a.startswith("--web.listen-address=127.0.0.1:") for a in ci["prometheus"]["command"])
+    ci_config = yaml.safe_load((DOCKER / "ci" / "prometheus.yml").read_text())
+    (job,) = ci_config["scrape_configs"]
+    assert job["job_name"] == "oml-lake-exporter"
+    assert job["static_configs"][0]["targets"] == [listen]
+    config = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["static_configs"][0]["targets"] == [
+        "exporter:" + exporter["command"][-1].rsplit(":", 1)[1]
+    ]
+    assert config["rule_files"] == ["/etc/oml-prometheus/oml-lake.rules.yml"]
+
+
 # --- Helm --------------------------------------------------------------------------------------
+
+
+def test_the_helm_exporter_runs_the_code_locations_image_settings_and_secrets():
+    """deploy/helm/exporter.yaml: the exporter as a Deployment of the user deployment's image,
+    env and secrets, and a Service with scrape annotations on the port it listens on; the
+    ServiceMonitor (the Prometheus Operator's) selects that Service; compose runs the same."""
+    documents = list(yaml.safe_load_all((REPO / "deploy" / "helm" / "exporter.yaml").read_text()))
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    service = next(d for d in documents if d["kind"] == "Service")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (user,) = helm()["dagster-user-deployments"]["deployments"]
+    image = user["image"]
+    assert container["image"] == f"{image['repository']}:{image['tag']}"
+    assert container["command"] == compose()["services"]["exporter"]["command"]
+    port = int(container["command"][-1].rsplit(":", 1)[1])
+    assert container["ports"][0]["containerPort"] == port
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    assert service["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    user_env = {e["name"]: e.get("value") for e in user["env"]}
+    for e in container["env"]:
+        assert e["name"] in names_the_code_reads(), e
+        if e["name"] in user_env:
+            assert e["value"] == user_env[e["name"]], e
+    assert [s["secretRef"]["name"] for s in container["envFrom"]] == [
+        s["name"] for s in user["envSecrets"]
+    ]
+    monitor = yaml.safe_load(
+        (REPO / "deploy" / "helm" / "exporter-servicemonitor.yaml").read_text()
+    )
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
 
 
 def test_helm_values_launch_one_pod_per_run_from_the_code_location_image():

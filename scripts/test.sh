@@ -10,6 +10,12 @@ if [ -z "${OML_SKIP_BROWSER_INSTALL:-}" ] && ! command -v chromium >/dev/null 2>
    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+# The alert rules' unit tests run Debian's promtool (package `prometheus`), installed the same way
+# (OML_SKIP_PROMTOOL_INSTALL=1 skips this; the rule tests then skip, saying why).
+if [ -z "${OML_SKIP_PROMTOOL_INSTALL:-}" ] && ! command -v promtool >/dev/null 2>&1 \
+   && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   python3.11 -m venv "$VENV" 2>/dev/null || python3 -m venv "$VENV"
 fi

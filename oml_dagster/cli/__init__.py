@@ -35,6 +35,7 @@ from oml_dagster.lake.audit.doctor import (
 from oml_dagster.lake.audit.erasure import APPLIED
 from oml_dagster.lake.audit.purge import overdue_departures
 from oml_dagster.lake.audit.reconcile import reconcile
+from oml_dagster.lake.audit.reconcile import record as record_checks
 from oml_dagster.lake.errors import RequeueError
 from oml_dagster.lake.faults import (
     EXIT_FINDINGS,
@@ -51,11 +52,13 @@ from oml_dagster.lake.faults import (
 from oml_dagster.lake.ingest import sequencer
 from oml_dagster.lake.policy import lag, resolve_tenants
 from oml_dagster.lake.write import deadletter
+from oml_dagster.lake.write.counters import WriterCounters
 from oml_dagster.lake.write.drain import DrainObserver, DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.write.writer import COMMITS, BatchResult
 from oml_dagster.settings import DEBUG, WRITER_PASSWORD
 
 from . import analytics as analytics_cli
+from . import exporter as exporter_cli
 from . import lake_tables as lake_tables_cli
 from . import maintenance as maintenance_cli
 from . import tenant as tenant_cli
@@ -206,6 +209,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
                 retry=retry,
                 policy=DrainPolicy(until_idle=args.until_idle, config=config),
                 observer=printed,
+                counters=WriterCounters(lambda: from_settings.connect()),
             )
     except KeyboardInterrupt:
         committed = printed.committed
@@ -335,6 +339,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     with from_settings.connect() as conn:
         for tenant_id in resolve_tenants(conn, args.tenant):
             result = reconcile(conn, lake, tenant_id)
+            record_checks(conn, result)
             found |= not result.ok
             if args.json:
                 _print(json.dumps(result.as_dict()))
@@ -462,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     tenant_cli.register(sub)
     analytics_cli.register(sub)
     lake_tables_cli.register(sub)
+    exporter_cli.register(sub)
     register_simulate(sub)
     return parser
 

@@ -35,6 +35,7 @@ from oml_dagster.lake.model.tables import (
     TableSpec,
 )
 from oml_dagster.lake.store.layout import Lake
+from oml_dagster.lake.write.counters import WriterCounters
 from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.write.writer import COMMITS, BatchResult
 
@@ -210,6 +211,7 @@ def lake_tables(
             retry=retry,
             policy=DrainPolicy(until_idle=cap > 0, max_seconds=cap, config=settings.config),
             observer=RunDrainObserver(context),
+            counters=WriterCounters(postgres.connect),
         )
         results = [b for p in passes for b in p.batches]
 

@@ -96,6 +96,7 @@ def reconciler(
     selected = [_CHECK_OF_KEY[k] for k in context.selected_asset_check_keys]
     with postgres.connect() as conn:
         result = rc.reconcile(conn, lake.get_lake(), context.partition_key, only=selected)
+        rc.record(conn, result)  # what the metrics exporter serves as the last results
         # Dead letters an operator closed (`oml-lake deadletter resolve`): no longer findings,
         # shown beside the open ones with who closed them and why.
         resolved = [

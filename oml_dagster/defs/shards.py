@@ -37,6 +37,7 @@ from dagster import (
 
 from oml_dagster.lake.audit.run_report import run_report
 from oml_dagster.lake.faults import describe
+from oml_dagster.lake.write.counters import WriterCounters
 from oml_dagster.lake.write.drain import DrainPass, DrainPolicy, drain_riding_through
 from oml_dagster.lake.write.writer import BatchResult
 
@@ -116,6 +117,7 @@ def drain_shard(
                 config=settings.config,
             ),
             observer=shard,
+            counters=WriterCounters(postgres.connect),
         )
         report.flush()
     errors = shard.errors

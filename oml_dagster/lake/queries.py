@@ -443,6 +443,67 @@ PURGE_WRITER_ROWS = (
     ("lake_dead_letter", "DELETE FROM oml.lake_dead_letter WHERE tenant_id = %s"),
 )
 
+# --- monitoring (audit/metrics.py, write/counters.py; the `monitoring` migration) -------------
+
+# Every known tenant (policy or sequencer) with the cut's position, the least batch end of its
+# core tables in the frontier cache, when its last drain finished, its erasure bound, and
+# PostgreSQL's clock: one row per tenant.
+EXPORT_TENANTS = """
+WITH drained AS (
+    SELECT tenant_id, min(batch_end) FILTER (WHERE table_name NOT LIKE 'gold.curated/%%')
+           AS drained, max(updated_at) AS drained_at
+    FROM oml.lake_frontier GROUP BY tenant_id
+)
+SELECT k.tenant_id::text, s.last_seq, s.last_journal_seq, COALESCE(d.drained, 0), d.drained_at,
+       extract(epoch FROM COALESCE(p.lake_erasure_bound, interval '7 days'))::float8,
+       clock_timestamp()
+FROM (SELECT tenant_id FROM oml.tenant_policy UNION SELECT tenant_id FROM oml.sequencer_tenant) k
+LEFT JOIN oml.sequencer_tenant s ON s.tenant_id = k.tenant_id
+LEFT JOIN oml.tenant_policy p ON p.tenant_id = k.tenant_id
+LEFT JOIN drained d ON d.tenant_id = k.tenant_id
+"""
+# Open dead letters per tenant and op.
+EXPORT_OPEN_DEAD_LETTERS = (
+    "SELECT tenant_id::text, op, count(*) FROM oml.lake_dead_letter"
+    " WHERE requeued_at IS NULL AND resolved_at IS NULL GROUP BY tenant_id, op"
+)
+# Per tenant, its erases not yet drained into its core tables and not refused: how many, and
+# the oldest one's age by PostgreSQL's clock.
+EXPORT_PENDING_ERASES = """
+WITH drained AS (
+    SELECT tenant_id, min(batch_end) AS drained FROM oml.lake_frontier
+    WHERE table_name NOT LIKE 'gold.curated/%%' GROUP BY tenant_id
+)
+SELECT o.tenant_id::text, count(*),
+       greatest(extract(epoch FROM clock_timestamp() - min(o.created_at)), 0)::float8
+FROM oml.outbox o
+LEFT JOIN drained d ON d.tenant_id = o.tenant_id
+LEFT JOIN oml.lake_dead_letter l ON l.seq = o.seq
+WHERE o.op = 'claim.erase' AND (o.seq IS NULL OR o.seq > COALESCE(d.drained, 0))
+  AND l.seq IS NULL
+GROUP BY o.tenant_id
+"""
+WRITER_COUNTERS = (
+    "SELECT tenant_id::text, name, label, value, updated_at FROM oml.lake_writer_counters"
+)
+# A writer's increments since its last flush, added to the running totals.
+WRITER_COUNTERS_ADD = """
+INSERT INTO oml.lake_writer_counters (tenant_id, name, label, value)
+SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::float8[])
+ON CONFLICT (COALESCE(tenant_id, '00000000-0000-0000-0000-000000000000'::uuid), name, label)
+DO UPDATE SET value = oml.lake_writer_counters.value + EXCLUDED.value, updated_at = now()
+"""
+CHECK_RESULTS = (
+    "SELECT tenant_id::text, check_name, findings, checked_at FROM oml.lake_check_results"
+)
+# A reconciler run's checks (a run of some checks leaves the others' last results as they are).
+CHECK_RESULTS_RECORD = (
+    "INSERT INTO oml.lake_check_results (tenant_id, check_name, findings)"
+    " SELECT %s, * FROM unnest(%s::text[], %s::int[])"
+    " ON CONFLICT (tenant_id, check_name) DO UPDATE SET findings = EXCLUDED.findings,"
+    " checked_at = now()"
+)
+
 # --- row-level security scopes (migration 0004, ADR 0049) --------------------------------------
 #
 # Every statement on a tenant-scoped table of schema `oml` runs inside one of these transactions:

@@ -798,3 +798,12 @@ def reconcile(
     if want(TAINT):
         found[(GOLD_CURATED.name, TAINT)] = check_taint(snapshot)
     return Reconciliation(tenant_id, [found[c] for c in CHECKS if c in wanted])
+
+
+def record(conn: psycopg.Connection, result: Reconciliation) -> None:
+    """Record each check of `result` with its findings count as its tenant's last result (what
+    the metrics exporter serves as failed checks); the tenant's other checks keep theirs."""
+    names = [f"{r.table}/{r.name}" for r in result.results]
+    counts = [len(r.findings) for r in result.results]
+    with tenant_scope(conn, result.tenant_id):
+        conn.execute(queries.CHECK_RESULTS_RECORD, (result.tenant_id, names, counts))

@@ -22,6 +22,7 @@ from oml_dagster.lake.ingest.sequencer import SequencerReport
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.open_tables import OpenTables
 from oml_dagster.lake.write.commit import CommitObserver
+from oml_dagster.lake.write.counters import WriterCounters
 from oml_dagster.lake.write.memory import MemoryGovernor, release_memory
 from oml_dagster.lake.write.writer import BatchRead, BatchResult, TenantBatch, WriterConfig
 
@@ -414,6 +415,7 @@ def drain_riding_through(
     retry: RetryPolicy,
     policy: DrainPolicy | None = None,
     observer: DrainObserver | None = None,
+    counters: WriterCounters | None = None,
 ) -> list[DrainPass]:
     """`drain` over a connection from `connect()`, riding through transient faults (ADR 0045): a
     lost PostgreSQL session or an object-store fault ends the try, and after a jittered backoff
@@ -424,9 +426,10 @@ def drain_riding_through(
     batch restarts the streak; `retry` bounds a streak, past which TransientFaultsOutlasted
     propagates. `policy.max_seconds` counts from the first try. The passes returned are every
     completed pass of every try (idle passes after the first dropped in a standing drain, as
-    `drain` does)."""
+    `drain` does). `counters`, when given, count the commits, retries and batch times and are
+    flushed to PostgreSQL as the drain goes and when it ends (ADR 0066)."""
     policy = policy or DrainPolicy()
-    riding = _RidingThrough(observer or DrainObserver(), policy)
+    riding = _RidingThrough(observer or DrainObserver(), policy, counters)
     started = time.monotonic()
 
     def attempt() -> None:
@@ -442,7 +445,11 @@ def drain_riding_through(
                 observer=riding,
             )
 
-    retrying(attempt, retry, on_retry=riding.retrying, progressed=riding.progressed)
+    try:
+        retrying(attempt, retry, on_retry=riding.retrying, progressed=riding.progressed)
+    finally:
+        if counters is not None:
+            counters.flush()
     return riding.passes
 
 
@@ -450,8 +457,10 @@ class _RidingThrough(DrainObserver):
     """The caller's observer, as every try of `drain_riding_through` tells it, keeping the
     passes of every try and whether a batch moved since the last fault."""
 
-    def __init__(self, caller: DrainObserver, policy: DrainPolicy):
-        self.caller, self.policy = caller, policy
+    def __init__(
+        self, caller: DrainObserver, policy: DrainPolicy, counters: WriterCounters | None = None
+    ):
+        self.caller, self.policy, self.counters = caller, policy, counters
         self.passes: list[DrainPass] = []
         self.moved = False  # whether a batch committed or refused since the last fault
 
@@ -460,6 +469,8 @@ class _RidingThrough(DrainObserver):
 
     def batch_ended(self, result: BatchResult) -> None:
         self.moved |= bool(result.committed or result.refused)
+        if self.counters is not None:
+            self.counters.batch_ended(result)
         self.caller.batch_ended(result)
 
     def table_commits(self) -> CommitObserver | None:
@@ -468,12 +479,16 @@ class _RidingThrough(DrainObserver):
     def pass_ended(self, drained: DrainPass) -> None:
         if drained.progressed or self.policy.poll_seconds is None or not self.passes:
             self.passes.append(drained)
+        if self.counters is not None:
+            self.counters.pass_ended()
         self.caller.pass_ended(drained)
 
     def tenant_failed(self, tenant_id: str, error: Exception) -> bool:
         return self.caller.tenant_failed(tenant_id, error)
 
     def retrying(self, fault: Fault, failures: int, wait: float) -> None:
+        if self.counters is not None:
+            self.counters.retried(fault)
         self.caller.retrying(fault, failures, wait)
 
     def progressed(self) -> bool:
