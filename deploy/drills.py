@@ -213,11 +213,9 @@ def dumped_outbox_rows(dump: str) -> int:
             break
     else:
         raise SmokeFailed(f"{dump} holds no data of oml.outbox")
-    count = 0
-    for line in lines:
+    for count, line in enumerate(lines):
         if line == "\\.":
             return count
-        count += 1
     raise SmokeFailed(f"{dump}: oml.outbox's data does not end")
 
 
