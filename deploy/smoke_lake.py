@@ -28,6 +28,7 @@ from oml_dagster.lake.model.tables import BRONZE_EVENTS
 from oml_dagster.lake.policy import known_tenants, lag
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import read_rows, tenant_tables
+from oml_dagster.simulate.faults import FAULT_KEY
 
 
 def status(lake: Lake) -> list[dict]:
@@ -128,13 +129,16 @@ def exact(lake: Lake) -> dict:
         for tenant_id in tenants:
             found["tenants"] += 1
             # The sequenced events: rows behind a journal gap (a producer cut off mid-act by a
-            # database fault) stay unsequenced, waited for, and are in neither lake.
+            # database fault) stay unsequenced, waited for, and are in neither lake. A forged
+            # event the simulator injects (marked, under another tenant's key) shares its act's
+            # journal_seq and is refused: it is not one of the journal's events.
             events = [
                 j
                 for (j,) in conn.execute(
                     "SELECT journal_seq FROM oml.outbox WHERE tenant_id = %s"
-                    " AND op = 'journal.event' AND seq IS NOT NULL ORDER BY journal_seq",
-                    (tenant_id,),
+                    " AND op = 'journal.event' AND seq IS NOT NULL"
+                    " AND payload::text NOT LIKE %s ORDER BY journal_seq",
+                    (tenant_id, f'%"{FAULT_KEY}"%'),
                 )
             ]
             bronze = lake.open(lake.table_uri(tenant_id, BRONZE_EVENTS))
@@ -156,7 +160,7 @@ def dead_letters() -> dict:
     """The open dead letters (neither re-enqueued nor resolved): those of bad ops the simulator
     injected (their payload carries its `sim_fault` mark) and any other, by reason; and how many
     injected bad ops the outbox holds (each must be dead-lettered once)."""
-    mark = '%"sim_fault"%'
+    mark = f'%"{FAULT_KEY}"%'
     with from_settings.connect() as conn:
         rows = conn.execute(
             "SELECT payload::text LIKE %s, reason, count(*) FROM oml.lake_dead_letter"

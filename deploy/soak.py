@@ -6,7 +6,7 @@ but those of the bad ops the simulator injected, and the lag must be back under 
 a stated time of the last fault. deploy/soak.sh runs it (Docker set up as deploy/smoke.sh does).
 
     deploy/soak.sh                      10 minutes of faults (the benchmark)
-    deploy/soak.sh --seconds 120 --gaps 12 20    the short form
+    deploy/soak.sh --seconds 120 --gaps 20 40    the short form (CI)
     deploy/soak.sh --seed 7 --json out.json
 
 The faults, drawn in seeded rounds (each kind once per round, in a shuffled order), one every

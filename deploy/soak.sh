@@ -5,7 +5,7 @@
 # it on a shared machine:
 #
 #   flock /tmp/oml-docker.lock deploy/soak.sh                  # 10 minutes of faults
-#   flock /tmp/oml-docker.lock deploy/soak.sh --seconds 120 --gaps 12 20   # the short form
+#   flock /tmp/oml-docker.lock deploy/soak.sh --seconds 120 --gaps 20 40   # the short form (CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OML_SMOKE_THEN=deploy/soak.py exec bash deploy/smoke.sh "$@"
