@@ -17,6 +17,7 @@ from oml_dagster.lake.model.tables import GOLD_CURATED, TableSpec
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import read_rows
 from oml_dagster.simulate import producer
+from oml_testbed.pg_cluster import private_cluster
 from oml_testbed.s3_server import moto_server, new_bucket, store_options
 
 ADMIN_DSN = os.environ.get("OML_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -167,3 +168,14 @@ def s3_env_lake(s3_lake, monkeypatch) -> Lake:
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("OML_LAKE_URI", s3_lake.root)
     return s3_lake
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A private PostgreSQL cluster of this module's own, to stop, kill and start (the fault
+    tests, the first connection, the exporter); skipped, saying why, where none can be run."""
+    try:
+        with private_cluster() as running:
+            yield running
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))

@@ -41,7 +41,6 @@ from oml_dagster.lake.write.counters import WriterCounters
 from oml_dagster.lake.write.drain import DrainPolicy, drain, drain_riding_through
 from oml_dagster.simulate import acts, producer
 from oml_testbed.fault_proxy import FaultProxy
-from oml_testbed.pg_cluster import private_cluster
 from oml_testbed.s3_server import _free_loopback_port, lake_env, new_bucket, store_options
 
 from .dagster_support import more_acts, seed_tenant
@@ -341,15 +340,6 @@ def test_the_erasure_state_is_never_better_than_either_source(age, bound, cadenc
         assert order.index(state) >= order.index(lake)
     if age <= bound and not dead and lake in (None, HOLDS):
         assert state == HOLDS
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    try:
-        with private_cluster() as running:
-            yield running
-    except FileNotFoundError as missing:
-        pytest.skip(str(missing))
 
 
 def test_a_postgres_restart_is_ridden_through_and_shown(cluster, tmp_path):

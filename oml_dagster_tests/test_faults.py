@@ -27,7 +27,6 @@ from oml_dagster.simulate import producer
 from oml_dagster_tests.helpers import assert_exactly_once
 from oml_dagster_tests.test_commit_fence import mixed_workload
 from oml_testbed.fault_proxy import KINDS, FaultProxy
-from oml_testbed.pg_cluster import private_cluster
 from oml_testbed.s3_server import lake_env, new_bucket, s3_client, store_options
 
 DRAIN = [sys.executable, "-m", "oml_dagster.cli", "drain", "--until-idle", "--max-batch", "10"]
@@ -368,15 +367,6 @@ def test_a_drain_command_rides_through_a_failing_store(moto_endpoint, conn, dsn,
 
 
 # --- a restarted server -----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    try:
-        with private_cluster() as running:
-            yield running
-    except FileNotFoundError as missing:
-        pytest.skip(str(missing))
 
 
 @pytest.mark.parametrize("mode", ["immediate", "fast"])

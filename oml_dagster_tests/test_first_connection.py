@@ -22,7 +22,6 @@ from oml_dagster.lake.faults import EXIT_TRANSIENT, Connector, describe
 from oml_dagster.simulate import producer
 from oml_dagster_tests.helpers import assert_exactly_once
 from oml_dagster_tests.test_faults import FAST_RETRY, _workload, one_line
-from oml_testbed.pg_cluster import private_cluster
 from oml_testbed.s3_server import _free_loopback_port
 
 CLI = [sys.executable, "-m", "oml_dagster.cli"]
@@ -149,15 +148,6 @@ def test_a_dagster_run_that_never_reaches_postgres_fails_with_the_line(
 
 
 # --- a throwaway cluster: a server that comes, and one that goes -------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    try:
-        with private_cluster() as running:
-            yield running
-    except FileNotFoundError as missing:
-        pytest.skip(str(missing))
 
 
 def _database(cluster) -> str:
