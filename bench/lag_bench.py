@@ -33,6 +33,10 @@ imports, code location), drain (the lake work), report (the materialization even
 Each run worker's CPU is sampled too: what it has used when its step starts is the cost of
 starting a run.
 
+`--profile DIR` runs py-spy (every thread, idle waits included, 20 Hz) over each standing shard
+run's worker for the stream's duration, one raw file per worker under DIR/<config>; sum them with
+`drain_profile.summarize`. The workers run slower under the sampler: read shares, not seconds.
+
     .venv/bin/python bench/lag_bench.py --config quick              # smoke run, ~2-3 minutes
     .venv/bin/python bench/lag_bench.py --config target1 target2 --json lag.json
 
