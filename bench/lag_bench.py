@@ -33,6 +33,10 @@ imports, code location), drain (the lake work), report (the materialization even
 Each run worker's CPU is sampled too: what it has used when its step starts is the cost of
 starting a run.
 
+`--profile DIR` runs py-spy (every thread, idle waits included, 20 Hz) over each standing shard
+run's worker for the stream's duration, one raw file per worker under DIR/<config>; sum them with
+`drain_profile.summarize`. The workers run slower under the sampler: read shares, not seconds.
+
     .venv/bin/python bench/lag_bench.py --config quick              # smoke run, ~2-3 minutes
     .venv/bin/python bench/lag_bench.py --config target1 target2 --json lag.json
 
@@ -414,6 +418,24 @@ IN_FLIGHT = ("NOT_STARTED", "QUEUED", "STARTING", "STARTED", "CANCELING")
 # --- one config ---------------------------------------------------------------------------------
 
 
+def sample_run_workers(cpu: ProcessCpu, into: Path, seconds: float) -> list[subprocess.Popen]:
+    """py-spy over every thread of each run worker alive now (a standing shard run's, started
+    before the stream), idle waits included, for the stream's `seconds`: one raw (collapsed
+    stacks) file per worker in `into`, read with `drain_profile.summarize`."""
+    into.mkdir(parents=True, exist_ok=True)
+    beside = Path(sys.executable).parent / "py-spy"
+    spies = []
+    for pid in cpu.of("run_worker"):
+        if _started(pid) is None:
+            continue
+        cmd = [str(beside) if beside.exists() else "py-spy", "record", "--pid", str(pid)]
+        cmd += ["--idle", "--threads", "--rate", "20", "--duration", str(int(seconds))]
+        cmd += ["--format", "raw", "--output", str(into / f"run_worker_{pid}.raw")]
+        log = open(into / f"run_worker_{pid}.py-spy.log", "w")  # noqa: SIM115
+        spies.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+    return spies
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -436,6 +458,7 @@ def measure(
     seed: int,
     keep: Path | None,
     idle_seconds: float = 20.0,
+    profile: Path | None = None,
 ) -> dict:
     result: dict = {
         "config": asdict(config),
@@ -493,6 +516,9 @@ def measure(
             )
             cleanup.callback(producer_log.close)
             cleanup.callback(stop, producer, grace=5)
+            if profile is not None:
+                for spy in sample_run_workers(cpu, profile, config.duration):
+                    cleanup.callback(stop, spy, grace=10)
             samples: list[dict] = []
             stream_end: float | None = None
             producer_cpu = None
@@ -857,6 +883,10 @@ def main() -> None:
     )
     parser.add_argument("--json", help="write figures and the lag series to this path")
     parser.add_argument("--logs", help="keep the daemon's and producer's logs in this folder")
+    parser.add_argument(
+        "--profile",
+        help="py-spy over each standing shard run's worker during the stream: raw files here",
+    )
     args = parser.parse_args()
 
     # SIGTERM and SIGINT (even when started in the background, where SIGINT comes ignored) end
@@ -898,6 +928,7 @@ def main() -> None:
             seed=args.seed,
             keep=Path(args.logs) if args.logs else None,
             idle_seconds=args.idle_seconds,
+            profile=Path(args.profile) / config.name if args.profile else None,
         )
         print(line(r) + f"\n  took {time.monotonic() - started:.0f} s", flush=True)
         if "target_p95_met" in r:

@@ -42,6 +42,11 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--sort", default="cumulative", help="pstats order: cumulative, tottime")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="time by the process's CPU (every thread's, delta-rs's runtime included), not wall",
+    )
     parser.add_argument("--dump", help="also write the profile to this file (pstats format)")
     args = parser.parse_args()
     print(machine())
@@ -53,7 +58,7 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for _ in range(args.warm):
                 drain(conn, lake, policy=DrainPolicy(config=config))
-            profiler = cProfile.Profile()
+            profiler = cProfile.Profile(time.process_time) if args.cpu else cProfile.Profile()
             batches, started = 0, time.perf_counter()
             tally: Counter = Counter()
             profiler.enable()

@@ -9,7 +9,14 @@ import datetime as dt
 import uuid
 
 import pytest
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    DagsterRunStatus,
+    RunsFilter,
+    build_sensor_context,
+    instance_for_test,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -256,6 +263,52 @@ def test_a_shard_run_drains_its_tenants_only_and_reports_each_partition(conn, la
         assert meta["ops_dead_lettered"].value == work.bad_ops
         assert meta["lag_ops"].value == 0
         assert meta["batches"].value >= 1
+
+
+def test_a_shard_report_on_postgres_storage_keeps_each_tenants_partition_and_metadata(
+    conn, lake, defs, monkeypatch
+):
+    """The report is stored as one batch per asset (ADR 0063) by dagster-postgres, the deployed
+    storage, whose batch write differs from SQLite's: every asset holds each tenant's partition
+    with that tenant's own figures, each materialization stored once."""
+    # What the run sets for itself (a run worker's process), undone after the test.
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "1000")
+    works = list(tenants_of_shards(conn, lake, 1, {0: 3})[0])
+    with fresh_database("oml_shard_report") as pg:
+        storage = {
+            "postgres_db": {
+                "scheme": "postgresql+psycopg2",
+                "hostname": pg["DAGSTER_PG_HOST"],
+                "port": int(pg["DAGSTER_PG_PORT"]),
+                "username": pg["DAGSTER_PG_USER"],
+                "password": pg["DAGSTER_PG_PASSWORD"],
+                "db_name": pg["DAGSTER_PG_DB"],
+            }
+        }
+        with instance_for_test(overrides={"storage": {"postgres": storage}}) as instance:
+            tick(defs, instance, 1)
+            job = defs.resolve_job_def("lake_writer_shard_job")
+            result = job.execute_in_process(
+                run_config={"ops": {"drain_shard": {"config": {"shard": 0, "shards": 1}}}},
+                instance=instance,
+                resources=resources(1),
+            )
+            assert result.success
+            for key in TABLE_OF:
+                assert instance.get_materialized_partitions(key) == {w.tenant_id for w in works}
+            records = instance.fetch_materializations(SILVER, limit=10).records
+            by_partition = {r.partition_key: r.asset_materialization.metadata for r in records}
+            assert set(by_partition) == {w.tenant_id for w in works}
+            for work in works:
+                assert by_partition[work.tenant_id]["ops_dead_lettered"].value == work.bad_ops
+            stored = instance.get_records_for_run(result.run_id, limit=1000).records
+            materializations = [
+                r
+                for r in stored
+                if r.event_log_entry.is_dagster_event
+                and r.event_log_entry.dagster_event.is_step_materialization
+            ]
+            assert len(materializations) == len(TABLE_OF) * len(works)
 
 
 def test_a_bad_shard_setting_is_refused(monkeypatch):

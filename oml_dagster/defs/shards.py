@@ -17,6 +17,7 @@ every POLL_SECONDS until its cap, so the first ops after a quiet spell meet a ru
 instead of waiting for a sensor tick and a process start."""
 
 import functools
+import os
 import time
 import uuid
 from typing import Any
@@ -25,6 +26,7 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     Config,
+    DagsterEvent,
     DagsterInstance,
     DagsterRunStatus,
     Failure,
@@ -34,6 +36,7 @@ from dagster import (
     job,
     op,
 )
+from dagster._core.events import DagsterEventBatchMetadata, generate_event_batch_id
 
 from oml_dagster.lake.audit.run_report import run_report
 from oml_dagster.lake.faults import describe
@@ -51,6 +54,11 @@ POLL_SECONDS = 0.5
 # How often a shard run reports its tenants' commits (and once at its end).
 REPORT_SECONDS = 30.0
 PARTITION_TAG = "dagster/partition"
+# Dagster stores the events of one batch (one asset's partitions, as it does for a partitioned
+# output) in one INSERT and one index transaction when DAGSTER_EVENT_BATCH_SIZE is set; one by one,
+# dagster-postgres opens two connections per event (its engine pools none), which cost a shard
+# run more CPU than its drain did for many tenants (bench/RESULTS.md, issue 43's profile).
+EVENT_BATCH_SIZE = "1000"
 IN_FLIGHT = [
     DagsterRunStatus.NOT_STARTED,
     DagsterRunStatus.QUEUED,
@@ -156,23 +164,40 @@ class _Report:
             self.flush()
 
     def flush(self) -> None:
-        for tenant_id, results in sorted(self.waiting.items()):
-            metadata = with_retry(
-                self.context, self.policy, functools.partial(self._metadata, results)
-            )
-            for key in TABLE_OF:
-                self.context.log_event(
-                    AssetMaterialization(asset_key=key, partition=tenant_id, metadata=metadata[key])
+        """Each waiting tenant's report, as one batch of materializations per asset."""
+        if not self.waiting:
+            self.last = time.monotonic()
+            return
+        waiting = sorted(self.waiting.items())
+        metadata = with_retry(self.context, self.policy, functools.partial(self._metadata, waiting))
+        # Read by Dagster when each event is handled; a run worker runs one run.
+        os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", EVENT_BATCH_SIZE)
+        step = self.context.get_step_execution_context()
+        for key in TABLE_OF:
+            batch = generate_event_batch_id()
+            for i, (tenant_id, _) in enumerate(waiting):
+                DagsterEvent.asset_materialization(
+                    step,
+                    AssetMaterialization(
+                        asset_key=key, partition=tenant_id, metadata=metadata[tenant_id][key]
+                    ),
+                    DagsterEventBatchMetadata(batch, is_end=i == len(waiting) - 1),
                 )
-            self.tenants.add(tenant_id)
-        self.flushes += bool(self.waiting)
+        self.tenants.update(tenant_id for tenant_id, _ in waiting)
+        self.flushes += 1
         self.waiting = {}
         self.last = time.monotonic()
 
-    def _metadata(self, results: list[BatchResult]) -> dict[AssetKey, dict[str, Any]]:
-        # A connection of its own per report: the drain's may have been lost and replaced.
+    def _metadata(
+        self, waiting: list[tuple[str, list[BatchResult]]]
+    ) -> dict[str, dict[AssetKey, dict[str, Any]]]:
+        # A connection of its own per report (the drain's may have been lost and replaced), one
+        # for every tenant of the report.
         with self.postgres.connect() as conn:
-            return run_metadata(run_report(conn, results), self.store)
+            return {
+                tenant_id: run_metadata(run_report(conn, results), self.store)
+                for tenant_id, results in waiting
+            }
 
 
 class _ShardDrain(RunDrainObserver):
