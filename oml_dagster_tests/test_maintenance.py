@@ -61,8 +61,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def txn_versions(lake: Lake, tenant_id: str) -> dict[str, int | None]:
     return {
-        name: lake.open(uri).transaction_version(APP_ID)
-        for name, _, uri in tenant_tables(lake, tenant_id)
+        str(table_id): lake.open(uri).transaction_version(APP_ID)
+        for table_id, _, uri in tenant_tables(lake, tenant_id)
     }
 
 
@@ -121,9 +121,9 @@ def test_compaction_leaves_one_file_per_partition_and_every_row(conn, lake, tena
 
     by_table = {r.table: r for r in results}
     assert set(by_table) == set(rows)
-    for name, _, uri in tenant_tables(lake, tenant.tenant_id):
-        assert set(files_by_partition(lake, uri).values()) == {1}, name
-        assert by_table[name].files_after == len(files_by_partition(lake, uri))
+    for table_id, _, uri in tenant_tables(lake, tenant.tenant_id):
+        assert set(files_by_partition(lake, uri).values()) == {1}, table_id
+        assert by_table[str(table_id)].files_after == len(files_by_partition(lake, uri))
     assert files_by_partition(lake, bronze_uri).keys() == before_partitions.keys()
     bronze = by_table[BRONZE_EVENTS.name]
     assert bronze.files_before == sum(before_partitions.values()) and bronze.files_after == 3
@@ -198,12 +198,12 @@ def test_a_packing_that_loses_a_race_is_left_for_later(conn, lake, tenant, dsn, 
     raced: list[str] = []
     pack = rewrites.compact_small_files
 
-    def racing(conn_, table, spec, tenant_id, name, hooks):
+    def racing(conn_, table, spec, *, tenant_id, table_id, hooks):
         if not raced and table.version() % 3 == 0 and len(table.file_uris()) > 1:
             with psycopg.connect(dsn, autocommit=True) as elsewhere:
                 results = maintenance.compact(elsewhere, lake, tenant_id)
             raced.extend(r.table for r in results if r.action == "rewrote")
-        return pack(conn_, table, spec, tenant_id, name, hooks)
+        return pack(conn_, table, spec, tenant_id=tenant_id, table_id=table_id, hooks=hooks)
 
     monkeypatch.setattr(writer, "compact_small_files", racing)
     small_batches(conn, lake, tenant, claims=8, days=1)
@@ -296,7 +296,7 @@ def test_zorder_then_a_demote_rewrites_one_file(conn, lake, tenant):
     assert touched.get("remove") == 1 and touched.get("add") == 1, touched
     assert len(silver.file_uris()) == files
     (curated_name, _, curated_uri) = next(
-        t for t in tenant_tables(lake, tenant.tenant_id) if t[0].startswith(GOLD_CURATED.name)
+        t for t in tenant_tables(lake, tenant.tenant_id) if t.spec is GOLD_CURATED
     )
     curated = lake.open(curated_uri)
     assert commit_actions(curated_uri, curated.version()).get("remove") == 1, curated_name
@@ -423,8 +423,9 @@ def test_retention_properties_follow_the_policy(conn, lake, tenant):
     small_batches(conn, lake, tenant, claims=4)
     maintenance.compact(conn, lake, tenant.tenant_id)
     superseded = {
-        name: len(deltalog.list_files(lake.filesystem(uri)).data) - len(lake.open(uri).file_uris())
-        for name, _, uri in tenant_tables(lake, tenant.tenant_id)
+        str(table_id): len(deltalog.list_files(lake.filesystem(uri)).data)
+        - len(lake.open(uri).file_uris())
+        for table_id, _, uri in tenant_tables(lake, tenant.tenant_id)
     }
     results = maintenance.vacuum(conn, lake, tenant.tenant_id)
     assert all(r.operation == maintenance.VACUUM for r in results)  # nothing to update
@@ -439,7 +440,7 @@ def test_retention_properties_follow_the_policy(conn, lake, tenant):
     results = maintenance.vacuum(conn, lake, tenant.tenant_id)
     updated = [r for r in results if r.operation == maintenance.PROPERTIES]
     assert {r.table for r in updated} == {
-        name for name, _, _ in tenant_tables(lake, tenant.tenant_id)
+        str(t.table) for t in tenant_tables(lake, tenant.tenant_id)
     }
     for name, _, uri in tenant_tables(lake, tenant.tenant_id):
         config = lake.open(uri).metadata().configuration

@@ -44,7 +44,13 @@ import psycopg
 from deltalake import DeltaTable, PostCommitHookProperties
 
 from oml_dagster.lake.errors import MaintenanceDamage
-from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
+from oml_dagster.lake.model.tables import (
+    APP_ID,
+    CHECKPOINT_INTERVAL,
+    TableId,
+    TableSpec,
+    writer_properties,
+)
 from oml_dagster.lake.policy import erasure_bound
 from oml_dagster.lake.store.deltalog import Listing, commit_name, list_files, live_files
 from oml_dagster.lake.store.layout import Lake
@@ -177,7 +183,7 @@ class _Table:
 
     lake: Lake
     tenant_id: str
-    name: str
+    table: TableId
     spec: TableSpec
     uri: str
 
@@ -185,7 +191,7 @@ class _Table:
         table = self.lake.open(self.uri)
         if table is None:
             raise MaintenanceDamage(
-                f"{self.name} of tenant {self.tenant_id}: no table at {self.uri}"
+                f"{self.table} of tenant {self.tenant_id}: no table at {self.uri}"
             )
         return table
 
@@ -195,7 +201,9 @@ class _Table:
     def result(
         self, operation: Operation, action: Action, scope: str, **fields: Any
     ) -> MaintenanceResult:
-        return MaintenanceResult(self.tenant_id, self.name, operation, action, scope, **fields)
+        return MaintenanceResult(
+            self.tenant_id, str(self.table), operation, action, scope, **fields
+        )
 
 
 def _optimize(
@@ -203,7 +211,7 @@ def _optimize(
 ) -> MaintenanceResult:
     """A rewrite under the table's rewrite lock: the table is read (and the rewrite planned)
     only once no other rewrite of it can be under way."""
-    with rewrite_lock(conn, t.tenant_id, t.name):
+    with rewrite_lock(conn, t.tenant_id, t.table):
         return _optimize_locked(t, operation, target_size)
 
 
@@ -312,7 +320,7 @@ def _verify(t: _Table, expected: TableState, after: str) -> None:
     fresh = _state(t.open())
     if fresh != expected:
         raise MaintenanceDamage(
-            f"{t.name} of tenant {t.tenant_id}: after {after} the table reads version "
+            f"{t.table} of tenant {t.tenant_id}: after {after} the table reads version "
             f"{fresh[0]} with txn {fresh[2]} and {len(fresh[1])} files, not version "
             f"{expected[0]}, txn {expected[2]}, {len(expected[1])} files"
         )
@@ -404,7 +412,7 @@ def _vacuum(t: _Table) -> MaintenanceResult:
     missing = sorted(set(live) - set(after.data))
     if missing:
         raise MaintenanceDamage(
-            f"{t.name} of tenant {t.tenant_id}: VACUUM left the log referencing missing files "
+            f"{t.table} of tenant {t.tenant_id}: VACUUM left the log referencing missing files "
             f"{missing[:5]}"
         )
     return t.result(
@@ -462,8 +470,8 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
 
 def _tables(lake: Lake, tenant_id: str) -> list[_Table]:
     return [
-        _Table(lake, tenant_id, name, spec, uri)
-        for name, spec, uri in tenant_tables(lake, tenant_id)
+        _Table(lake, tenant_id, table_id, spec, uri)
+        for table_id, spec, uri in tenant_tables(lake, tenant_id)
     ]
 
 

@@ -174,8 +174,8 @@ class BatchResult:
     def committed(self) -> bool:
         return any(t.action in COMMITS for t in self.tables)
 
-    def outcome(self, table: str | TableId) -> TableOutcome | None:
-        return next((t for t in self.tables if str(t.table) == str(table)), None)
+    def outcome(self, table: TableId) -> TableOutcome | None:
+        return next((t for t in self.tables if t.table == table), None)
 
 
 # An outbox row as the fold and the dead letters take it: (seq, journal_seq, op, payload, the
@@ -456,9 +456,9 @@ class TenantBatch:
                     conn,
                     handle.table,
                     handle.spec,
-                    self.tenant_id,
-                    str(handle.id),
-                    post_commit_hooks(handle.table),
+                    tenant_id=self.tenant_id,
+                    table_id=handle.id,
+                    hooks=post_commit_hooks(handle.table),
                 )
             except CommitFailedError:
                 self.tables.forget(handle.uri)
