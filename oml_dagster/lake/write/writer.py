@@ -34,7 +34,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +47,7 @@ from oml_dagster.lake.errors import (
     VerdictConflict,
 )
 from oml_dagster.lake.ingest.bronze import checked_events, cleared_events
-from oml_dagster.lake.ingest.fetch import Batch, Fetcher
+from oml_dagster.lake.ingest.fetch import Batch, Fetcher, parse_payload
 from oml_dagster.lake.model import catalog
 from oml_dagster.lake.model.catalog import Op
 from oml_dagster.lake.model.tables import (
@@ -504,12 +503,6 @@ def _refused_in(session: TenantSession, after: int, through: int) -> dict[int, s
     return dict(session.execute(queries.REFUSED_IN, (session.tenant_id, after, through)).fetchall())
 
 
-def _payloads(session: TenantSession, seqs: list[int]) -> dict[int, Any]:
-    """The payloads of ops the fetch sent as columns that the catalog must fold after all."""
-    params = (session.tenant_id, min(seqs), max(seqs), seqs)
-    return dict(session.execute(queries.OUTBOX_PAYLOADS, params).fetchall())
-
-
 def _bodies(session: TenantSession, parsed: list[Op]) -> dict[Key, bytes]:
     """The claim bodies the batch's promotions and repairs carry into silver."""
     keys = {
@@ -539,18 +532,14 @@ def _catalog_ops(
     session: TenantSession, fetched: pa.Table
 ) -> tuple[list[tuple[int, Op | RefusedOp]], list[OutboxRow]]:
     """The fetched rows parsed for the catalog, with the rows themselves (seq, journal_seq, op,
-    payload, origin). Event payloads the fetch took apart are read as a whole."""
-    seqs = fetched["seq"].to_pylist()
-    texts = fetched["payload_json"].to_pylist()
-    missing = [seq for seq, text in zip(seqs, texts, strict=True) if text is None]
-    whole = _payloads(session, missing) if missing else {}
+    payload, origin): each payload from the text the batch's one fetch carried, parsed once."""
     rows: list[OutboxRow] = [
-        (seq, journal_seq, name, orjson.loads(text) if text is not None else whole[seq], origin)
+        (seq, journal_seq, name, parse_payload(text), origin)
         for seq, journal_seq, name, text, origin in zip(
-            seqs,
+            fetched["seq"].to_pylist(),
             fetched["journal_seq"].to_pylist(),
             fetched["op"].to_pylist(),
-            texts,
+            fetched["payload_json"].to_pylist(),
             fetched["origin_journal_seq"].to_pylist(),
             strict=True,
         )
