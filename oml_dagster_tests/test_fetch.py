@@ -104,7 +104,9 @@ def _state(tenant_id: str, keys: dict[str, str]) -> tables.TenantState:
 
 def _catalog_verdict(seq, journal_seq, payload, state: tables.TenantState):
     try:
-        op = catalog.parse(seq, journal_seq, state.tenant_id, "journal.event", payload)
+        op = catalog.parse(
+            "journal.event", payload, seq=seq, journal_seq=journal_seq, tenant_id=state.tenant_id
+        )
         catalog.check(op, state)
     except RefusedOp:
         return None
@@ -156,7 +158,7 @@ def test_every_event_the_sql_clears_the_catalog_accepts_with_the_same_values(con
         )
     sequencer.sequence(conn)
     with Fetcher(conn) as fetcher:
-        columns = fetcher.fetch(keys.tenant_id, 0, 1000, 2**30).columns
+        columns = fetcher.fetch(keys.tenant_id, after=0, max_ops=1000, max_bytes=2**30).columns
     assert columns.num_rows == len(rows)
     texts = columns["payload_json"].to_pylist()
 
@@ -190,7 +192,7 @@ def test_canonical_events_are_cleared(conn):
         producer.commit_acts(conn, keys, [producer.Act(producer.Event("x.y", {"i": i}), [])])
     sequencer.sequence(conn)
     with Fetcher(conn) as fetcher:
-        batch = fetcher.fetch(keys.tenant_id, 0, 100, 2**30)
+        batch = fetcher.fetch(keys.tenant_id, after=0, max_ops=100, max_bytes=2**30)
     assert checked_events(batch.columns)[0].to_pylist() == [True] * 5
     assert not batch.more
 
@@ -207,10 +209,10 @@ def test_batches_are_cut_by_ops_and_bytes_and_say_whether_more_follows(conn):
         (keys.tenant_id,),
     ).fetchone()[0]
     with Fetcher(conn) as fetcher:
-        first = fetcher.fetch(keys.tenant_id, 0, 100, 1)
-        two = fetcher.fetch(keys.tenant_id, 0, 100, 2 * size + 1)
-        full = fetcher.fetch(keys.tenant_id, 0, 5, 2**30)
-        rest = fetcher.fetch(keys.tenant_id, two.seqs[-1], 100, 2**30)
+        first = fetcher.fetch(keys.tenant_id, after=0, max_ops=100, max_bytes=1)
+        two = fetcher.fetch(keys.tenant_id, after=0, max_ops=100, max_bytes=2 * size + 1)
+        full = fetcher.fetch(keys.tenant_id, after=0, max_ops=5, max_bytes=2**30)
+        rest = fetcher.fetch(keys.tenant_id, after=two.seqs[-1], max_ops=100, max_bytes=2**30)
     assert (len(first), first.more) == (1, True)
     assert (len(two), two.more) == (2, True)
     assert (len(full), full.more) == (5, True)
@@ -238,7 +240,10 @@ def test_the_first_ops_of_a_batch_are_the_batch_a_smaller_cap_reads(conn):
     with Fetcher(conn) as fetcher:
         for max_bytes in byte_caps:
             for after in (0, 5):
-                read = {n: fetcher.fetch(keys.tenant_id, after, n, max_bytes) for n in range(1, 18)}
+                read = {
+                    n: fetcher.fetch(keys.tenant_id, after=after, max_ops=n, max_bytes=max_bytes)
+                    for n in range(1, 18)
+                }
                 for larger in range(2, 18):
                     for smaller in range(1, larger):
                         cut, fresh = read[larger].head(smaller), read[smaller]
@@ -269,8 +274,8 @@ class _CountingFetcher(Fetcher):
         super().__init__(conn)
         self.fetched: list[int] = []
 
-    def fetch(self, tenant_id, after, max_ops, max_bytes):
-        batch = super().fetch(tenant_id, after, max_ops, max_bytes)
+    def fetch(self, tenant_id, *, after, max_ops, max_bytes):
+        batch = super().fetch(tenant_id, after=after, max_ops=max_ops, max_bytes=max_bytes)
         self.fetched.extend(batch.seqs)
         return batch
 

@@ -317,7 +317,7 @@ def test_drain_maintain_drain_again_no_duplicates(conn, lake, tenant, tmp_path):
     made = small_batches(conn, lake, tenant)
     txns = txn_versions(lake, tenant.tenant_id)
 
-    maintenance.maintain(conn, lake, tenant.tenant_id, "all")
+    maintenance.maintain(conn, lake, tenant.tenant_id, task="all")
     assert txn_versions(lake, tenant.tenant_id) == txns
 
     passes = drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
@@ -328,7 +328,7 @@ def test_drain_maintain_drain_again_no_duplicates(conn, lake, tenant, tmp_path):
     acts.promote(conn, tenant, extra, b"after maintenance")
     acts.erase(conn, tenant, made[4])
     drain_all(conn, lake)
-    maintenance.maintain(conn, lake, tenant.tenant_id, "compact")
+    maintenance.maintain(conn, lake, tenant.tenant_id, task="compact")
     acts.demote(conn, tenant, extra)
     drain_all(conn, lake)
 
@@ -625,7 +625,7 @@ def test_maintenance_on_an_s3_lake(conn, s3_lake):
     compacted = {r.table: r for r in maintenance.compact(conn, lake, keys.tenant_id)}
     assert compacted[SILVER_CLAIMS.name].files_removed == 3
     time.sleep(1.2)
-    results = maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    results = maintenance.maintain(conn, lake, keys.tenant_id, task="vacuum")
 
     by_step = {(r.table, r.operation): r for r in results}
     silver_uri = lake.table_uri(keys.tenant_id, SILVER_CLAIMS)
@@ -653,7 +653,7 @@ def test_tables_stay_compact_and_bounded_under_a_long_workload(conn, lake):
             policy=DrainPolicy(until_idle=True, config=WriterConfig(max_batch=4, txn_lag_limit=2)),
         )
         time.sleep(1.5)
-        maintenance.maintain(conn, lake, keys.tenant_id, "all")
+        maintenance.maintain(conn, lake, keys.tenant_id, task="all")
         on_disk = {}
         for name, _, uri in tenant_tables(lake, keys.tenant_id):
             parquet = [

@@ -590,7 +590,9 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
         stream: Iterable[tuple[Any, ...]],
     ) -> Iterator[tuple[int, catalog.Op | RefusedOp]]:
         for seq, journal_seq, name, payload in stream:
-            op = catalog.parsed(seq, journal_seq, tenant_id, name, payload)
+            op = catalog.parsed(
+                name, payload, seq=seq, journal_seq=journal_seq, tenant_id=tenant_id
+            )
             if isinstance(op, RefusedOp) and seq not in refused:
                 unparsed[seq] = name
             yield seq, op

@@ -98,7 +98,7 @@ class Fetcher:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def fetch(self, tenant_id: str, after: int, max_ops: int, max_bytes: int) -> Batch:
+    def fetch(self, tenant_id: str, *, after: int, max_ops: int, max_bytes: int) -> Batch:
         import adbc_driver_postgresql.dbapi as adbc
 
         with self._lock:
@@ -123,12 +123,14 @@ class Fetcher:
                 return Batch(after, columns, max_ops)
 
     def fetch_async(
-        self, tenant_id: str, after: int, max_ops: int, max_bytes: int
+        self, tenant_id: str, *, after: int, max_ops: int, max_bytes: int
     ) -> Future[Batch]:
         """`fetch` on the fetcher's worker thread."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="oml-fetch")
-        return self._pool.submit(self.fetch, tenant_id, after, max_ops, max_bytes)
+        return self._pool.submit(
+            self.fetch, tenant_id, after=after, max_ops=max_ops, max_bytes=max_bytes
+        )
 
     def close(self) -> None:
         if self._pool is not None:

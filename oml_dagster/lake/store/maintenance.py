@@ -207,7 +207,7 @@ class _Table:
 
 
 def _optimize(
-    conn: psycopg.Connection, t: _Table, operation: Operation, target_size: int | None
+    conn: psycopg.Connection, t: _Table, *, operation: Operation, target_size: int | None
 ) -> MaintenanceResult:
     """A rewrite under the table's rewrite lock: the table is read (and the rewrite planned)
     only once no other rewrite of it can be under way."""
@@ -483,7 +483,10 @@ def compact(
     conn: psycopg.Connection, lake: Lake, tenant_id: str, *, target_size: int | None = None
 ) -> list[MaintenanceResult]:
     """Bin-pack OPTIMIZE of every table of the tenant (each bronze day partition separately)."""
-    return [_optimize(conn, t, COMPACT, target_size) for t in _tables(lake, tenant_id)]
+    return [
+        _optimize(conn, t, operation=COMPACT, target_size=target_size)
+        for t in _tables(lake, tenant_id)
+    ]
 
 
 def zorder(
@@ -491,7 +494,7 @@ def zorder(
 ) -> list[MaintenanceResult]:
     """Z-order OPTIMIZE of every table that declares Z-order columns."""
     return [
-        _optimize(conn, t, ZORDER, target_size)
+        _optimize(conn, t, operation=ZORDER, target_size=target_size)
         for t in _tables(lake, tenant_id)
         if t.spec.zorder_by
     ]
@@ -501,6 +504,7 @@ def _expiring(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
+    *,
     step: Callable[[_Table, int], MaintenanceResult],
 ) -> list[MaintenanceResult]:
     """Run a step that expires files or log entries on every table, each table's retention
@@ -521,25 +525,25 @@ def checkpoint(
     """Checkpoint every table that is CHECKPOINT_INTERVAL versions past its last checkpoint or
     holds expired commits after it."""
     now = now or dt.datetime.now(dt.UTC)
-    return _expiring(conn, lake, tenant_id, lambda t, bound: _checkpoint(t, bound, now))
+    return _expiring(conn, lake, tenant_id, step=lambda t, bound: _checkpoint(t, bound, now))
 
 
 def vacuum(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
     """Full-listing VACUUM of every table with the tenant's bound as retention."""
-    return _expiring(conn, lake, tenant_id, lambda t, bound: _vacuum(t))
+    return _expiring(conn, lake, tenant_id, step=lambda t, bound: _vacuum(t))
 
 
 def cleanup_logs(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
     """Log cleanup of every table with the tenant's bound as log retention."""
-    return _expiring(conn, lake, tenant_id, lambda t, bound: _cleanup_logs(t))
+    return _expiring(conn, lake, tenant_id, step=lambda t, bound: _cleanup_logs(t))
 
 
 def run_operation(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    operation: Operation,
     *,
+    operation: Operation,
     target_size: int | None = None,
 ) -> list[MaintenanceResult]:
     """One operation (COMPACT, ZORDER, CHECKPOINT, VACUUM or LOG_CLEANUP) for one tenant."""
@@ -559,8 +563,8 @@ def maintain(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    task: Task = "all",
     *,
+    task: Task = "all",
     target_size: int | None = None,
 ) -> list[MaintenanceResult]:
     """Every operation of `task` (a key of TASKS) for one tenant, in order."""
@@ -568,7 +572,9 @@ def maintain(
         raise ValueError(f"unknown maintenance task {task!r}; one of {', '.join(TASKS)}")
     results: list[MaintenanceResult] = []
     for operation in TASKS[task]:
-        results.extend(run_operation(conn, lake, tenant_id, operation, target_size=target_size))
+        results.extend(
+            run_operation(conn, lake, tenant_id, operation=operation, target_size=target_size)
+        )
     return results
 
 

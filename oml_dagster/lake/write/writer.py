@@ -281,7 +281,9 @@ class TenantBatch:
         cap = self.config.max_batch
         if ahead is not None and ahead.after == base:
             return ahead.head(cap) if ahead.max_ops > cap else ahead
-        return fetcher.fetch(self.tenant_id, base, cap, self.config.max_batch_bytes)
+        return fetcher.fetch(
+            self.tenant_id, after=base, max_ops=cap, max_bytes=self.config.max_batch_bytes
+        )
 
     def _read_ops(
         self, session: TenantSession, batch: Batch, *, read: BatchRead, areas: list[Row]
@@ -546,7 +548,17 @@ def _catalog_ops(
     ]
     tenant_id = session.tenant_id
     ops = [
-        (seq, catalog.parsed(seq, journal_seq, tenant_id, name, payload, origin))
+        (
+            seq,
+            catalog.parsed(
+                name,
+                payload,
+                seq=seq,
+                journal_seq=journal_seq,
+                tenant_id=tenant_id,
+                origin_journal_seq=origin,
+            ),
+        )
         for seq, journal_seq, name, payload, origin in rows
     ]
     return ops, rows
