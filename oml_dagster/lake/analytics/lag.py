@@ -39,7 +39,7 @@ class CommitLag:
 def lake_lag(
     conn: psycopg.Connection, lake: Lake, tenant_id: str, tables: Iterable[tuple[TableId, str]]
 ) -> list[CommitLag]:
-    """Every writer commit the tenant's tables' logs still hold (`tables`: (name, uri)), with its
+    """Every writer commit the tenant's tables' logs still hold (`tables`: (TableId, uri)), with its
     lag: commit time (the Delta commitInfo timestamp) minus the `oml.outbox.created_at` of the
     oldest of the tenant's ops in the batch (`oml.batch_start`, `oml.batch_end`]."""
     found: list[CommitLag] = []
