@@ -32,7 +32,13 @@ from oml_dagster.defs import maintenance as maintenance_defs
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from oml_dagster.defs.resources import DeploymentSettings, LakeResource, PostgresResource
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.model.tables import (
+    APP_ID,
+    BRONZE_EVENTS,
+    GOLD_CURATED,
+    SILVER_CLAIMS,
+    TableId,
+)
 from oml_dagster.lake.store import deltalog, maintenance, rewrites
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import read_rows, tenant_tables
@@ -226,14 +232,14 @@ def test_the_writer_does_not_pack_a_table_another_rewrite_holds(
     bronze_uri = lake.table_uri(tenant.tenant_id, BRONZE_EVENTS)
     with (
         psycopg.connect(dsn, autocommit=True) as elsewhere,
-        rewrites.rewrite_lock(elsewhere, tenant.tenant_id, BRONZE_EVENTS.name) as held,
+        rewrites.rewrite_lock(elsewhere, tenant.tenant_id, TableId(BRONZE_EVENTS.name)) as held,
     ):
         assert held
         made = small_batches(conn, lake, tenant, claims=6, days=1)
         assert lake.open(bronze_uri).version() > 6
         assert not _writer_packs(bronze_uri)
-        name = BRONZE_EVENTS.name
-        with rewrites.rewrite_lock(conn, tenant.tenant_id, name, wait=False) as mine:
+        bronze = TableId(BRONZE_EVENTS.name)
+        with rewrites.rewrite_lock(conn, tenant.tenant_id, bronze, wait=False) as mine:
             assert not mine
     for i in range(4):
         later = claim(made[0].workarea_id, made[0].workarea_path_at_write)
