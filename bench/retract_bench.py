@@ -44,7 +44,13 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.model.tables import CORE_TABLES, SILVER_CLAIMS, TIMESTAMP, writer_properties
+from oml_dagster.lake.model.tables import (
+    CORE_TABLES,
+    SILVER_CLAIMS,
+    TIMESTAMP,
+    TableId,
+    writer_properties,
+)
 from oml_dagster.lake.policy import DEFAULT_ERASURE_BOUND
 from oml_dagster.lake.store import maintenance
 from oml_dagster.lake.store.layout import Lake
@@ -188,7 +194,7 @@ def retract_round(
     elapsed = time.perf_counter() - started
     if profile is not None:
         profile.disable()
-    silver = result.outcome(SILVER_CLAIMS.name)
+    silver = result.outcome(TableId(SILVER_CLAIMS.name))
     if result.refused or silver is None or silver.action != "committed":
         raise SystemExit(f"retract round did not apply: {result}")
     table = lake.open(lake.table_uri(tenant_id, SILVER_CLAIMS))

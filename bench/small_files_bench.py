@@ -62,7 +62,7 @@ def one(args, compaction: bool) -> dict:
             files = {}
             for name, _, uri in tenant_tables(lake, tenants[0]):
                 table = lake.open(uri)
-                files[name] = len(table.file_uris()) if table is not None else 0
+                files[str(name)] = len(table.file_uris()) if table is not None else 0
     finally:
         rewrites.SMALL_FILES_EVERY = every
     windows = {}

@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME
+from oml_dagster.lake.model.tables import TableId
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import tenant_tables
 from oml_dagster.simulate import acts, producer
@@ -89,8 +90,8 @@ def more_acts(conn: psycopg.Connection, work: Workload, n: int = 2) -> None:
         work.claims.append(claim)
 
 
-def table_versions(lake: Lake, tenant_id: str) -> dict[str, int]:
-    return {name: lake.open(uri).version() for name, _, uri in tenant_tables(lake, tenant_id)}
+def table_versions(lake: Lake, tenant_id: str) -> dict[TableId, int]:
+    return {t.table: lake.open(t.uri).version() for t in tenant_tables(lake, tenant_id)}
 
 
 def delete_tenant_prefix(lake: Lake, tenant_id: str) -> None:

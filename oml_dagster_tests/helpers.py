@@ -147,9 +147,9 @@ def recorded_fetches(monkeypatch) -> list[tuple[str, int, str]]:
     fetched: list[tuple[str, int, str]] = []
     fetch = Fetcher.fetch
 
-    def recorded(self, tenant_id, after, *args):
+    def recorded(self, tenant_id, *, after, **options):
         fetched.append((tenant_id, after, threading.current_thread().name))
-        return fetch(self, tenant_id, after, *args)
+        return fetch(self, tenant_id, after=after, **options)
 
     monkeypatch.setattr(Fetcher, "fetch", recorded)
     return fetched

@@ -240,7 +240,7 @@ def test_lake_lag_is_commit_time_minus_the_oldest_op_of_each_batch(conn, lake, t
     drain(conn, lake, policy=many_commits)
     acts.upsert_area(conn, tenant, tree.b, crew_name="crew")
     drain_all(conn, lake)
-    tables = [(name, uri) for name, _, uri in tenant_tables(lake, tenant.tenant_id)]
+    tables = [(t.table, t.uri) for t in tenant_tables(lake, tenant.tenant_id)]
     lags = lag.lake_lag(conn, lake, tenant.tenant_id, tables)
 
     created = dict(
@@ -253,7 +253,7 @@ def test_lake_lag_is_commit_time_minus_the_oldest_op_of_each_batch(conn, lake, t
         for version, ms, lo, hi in _log_commits(uri):
             oldest = min(at for seq, at in created.items() if lo < seq <= hi)
             committed = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-            expected[(name, version)] = (committed - oldest).total_seconds()
+            expected[(str(name), version)] = (committed - oldest).total_seconds()
     assert {(c.table, c.version): c.lag_seconds for c in lags} == pytest.approx(expected)
     assert len([k for k in expected if k[0] == "gold.areas"]) >= 3
     assert all(lag > 0 for lag in expected.values())

@@ -223,7 +223,9 @@ def test_every_commit_records_the_txn_and_the_batch_bounds(conn, lake, tenant):
             assert int(commit["oml.batch_start"]) < int(commit["oml.batch_end"])
             assert commit["oml.tenant_id"] == tenant.tenant_id
     assert silver.transaction_version(APP_ID) == max(
-        b.outcome("silver.claims").txn_after for b in batches if b.outcome("silver.claims")
+        b.outcome(TableId("silver.claims")).txn_after
+        for b in batches
+        if b.outcome(TableId("silver.claims"))
     )
 
 
@@ -254,10 +256,10 @@ def test_a_writer_that_loses_the_race_reloads_and_skips(conn, lake, tenant, dsn)
 
     a, b = results["a"], results["b"]
     assert a.batch_end == b.batch_end
-    assert b.outcome("silver.claims").action == "committed"
-    silver_a = a.outcome("silver.claims")
+    assert b.outcome(TableId("silver.claims")).action == "committed"
+    silver_a = a.outcome(TableId("silver.claims"))
     assert silver_a.action == "skipped" and silver_a.attempts == 2, silver_a
-    assert a.outcome("gold.areas").action == "skipped"
+    assert a.outcome(TableId("gold.areas")).action == "skipped"
     bronze = LakeView(lake, tenant.tenant_id).bronze
     assert len(bronze) == len({r["journal_seq"] for r in bronze})
 
@@ -327,7 +329,7 @@ def test_two_writers_racing_on_one_tenant_never_duplicate_or_lose(conn, lake, te
     # drain committed it) and skipped it; and no commit of either drain moved a table's txn
     # version back.
     first_small = results[0]  # the other drain is held until this batch ends
-    assert first_small.outcome(BRONZE_EVENTS.name).action == SKIPPED, first_small
+    assert first_small.outcome(TableId(BRONZE_EVENTS.name)).action == SKIPPED, first_small
     moved_back = [t for r in results for t in r.tables if t.txn_after < t.txn_before]
     assert not moved_back, moved_back
     drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))

@@ -295,11 +295,11 @@ def drain_rounds(conn, lake: Lake, tenant_id: str, cuts) -> list[dict]:
 
 def erased_rows(lake: Lake, tenant_id: str) -> dict:
     found = {}
-    for name, spec, uri in tenant_tables(lake, tenant_id):
+    for table_id, spec, uri in tenant_tables(lake, tenant_id):
         if spec.merge_key == ("artifact_id", "version"):
             for row in read_rows(lake.open(uri), spec):
                 if row["state"] == "erased":
-                    found[(name, row["artifact_id"], row["version"])] = row
+                    found[(str(table_id), row["artifact_id"], row["version"])] = row
     return found
 
 

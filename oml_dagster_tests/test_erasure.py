@@ -114,7 +114,7 @@ def test_erased_ciphertext_leaves_every_file_under_the_tenant_prefix(conn, lake)
     assert len(silver_copies) >= 3 and len(curated_copies) >= 2, before
 
     wait_out(BOUND, erased_at)
-    results = maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    results = maintenance.maintain(conn, lake, keys.tenant_id, task="vacuum")
 
     assert files_holding(lake, keys.tenant_id, erased) == []
     removed = {r.table: r.files_removed for r in results if r.operation == maintenance.VACUUM}
@@ -171,7 +171,7 @@ def test_log_cleanup_keeps_the_latest_version_and_ends_time_travel(conn, lake):
     # A file from a write still in flight (younger than the bound) is not an orphan yet.
     in_flight = Path(silver_uri) / "part-00000-in-flight-c000.snappy.parquet"
     in_flight.write_bytes(b"PAR1 in flight")
-    results = maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    results = maintenance.maintain(conn, lake, keys.tenant_id, task="vacuum")
     assert in_flight.exists()
     assert sum(r.log_files_removed for r in results) > 0
 
@@ -234,7 +234,7 @@ def test_erasure_evidence_fails_until_vacuum_then_holds(conn, lake):
     assert any(f"gold.curated/{tree.a}" in f for f in overdue.findings())
 
     wait_out(bound, drained_at.timestamp())  # VACUUM keeps what was removed within the bound
-    maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    maintenance.maintain(conn, lake, keys.tenant_id, task="vacuum")
     after = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
     assert after.ok, after.findings()
 
@@ -418,7 +418,7 @@ def test_a_table_without_a_checkpoint_has_its_log_checked(conn, lake):
     assert silver.overdue_log_entries == [e.name for e in log[:-1]]
     assert not evidence.ok
 
-    maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    maintenance.maintain(conn, lake, keys.tenant_id, task="vacuum")
     after = erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE)
     assert after.ok, after.findings()
 
@@ -491,7 +491,7 @@ def test_per_artifact_evidence_lists_the_files_a_byte_scan_finds_until_vacuum(co
     assert any(c.table == f"gold.curated/{tree.b}" for c in in_curated.copies)
 
     wait_out(BOUND, erased_at)
-    maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    maintenance.maintain(conn, lake, keys.tenant_id, task="vacuum")
     after = erased_artifacts(conn, lake, keys.tenant_id, cadence=CADENCE)
     assert [a.copies for a in after.artifacts] == [[], []]
     for c in targets:

@@ -10,7 +10,7 @@ import threading
 import psycopg
 
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.model.tables import GOLD_LINEAGE, SILVER_CLAIMS
+from oml_dagster.lake.model.tables import GOLD_LINEAGE, SILVER_CLAIMS, TableId
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
@@ -103,7 +103,7 @@ def test_a_writer_whose_append_meets_a_concurrent_commit_merges_or_skips(conn, l
 
     a, b = results["a"], results["b"]
     assert b.batch_end < a.batch_end
-    silver_a = a.outcome("silver.claims")
+    silver_a = a.outcome(TableId("silver.claims"))
     assert silver_a.action == "committed" and silver_a.attempts == 2, silver_a
     assert last_operation(lake, tenant.tenant_id, SILVER_CLAIMS) == "MERGE"
     unique_keys(lake, tenant.tenant_id)

@@ -32,7 +32,13 @@ from oml_dagster.defs import maintenance as maintenance_defs
 from oml_dagster.defs.partitions import TENANT_PARTITIONS_NAME, tenant_partitions
 from oml_dagster.defs.resources import DeploymentSettings, LakeResource, PostgresResource
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.model.tables import APP_ID, BRONZE_EVENTS, GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.model.tables import (
+    APP_ID,
+    BRONZE_EVENTS,
+    GOLD_CURATED,
+    SILVER_CLAIMS,
+    TableId,
+)
 from oml_dagster.lake.store import deltalog, maintenance, rewrites
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import read_rows, tenant_tables
@@ -61,8 +67,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def txn_versions(lake: Lake, tenant_id: str) -> dict[str, int | None]:
     return {
-        name: lake.open(uri).transaction_version(APP_ID)
-        for name, _, uri in tenant_tables(lake, tenant_id)
+        str(table_id): lake.open(uri).transaction_version(APP_ID)
+        for table_id, _, uri in tenant_tables(lake, tenant_id)
     }
 
 
@@ -121,9 +127,9 @@ def test_compaction_leaves_one_file_per_partition_and_every_row(conn, lake, tena
 
     by_table = {r.table: r for r in results}
     assert set(by_table) == set(rows)
-    for name, _, uri in tenant_tables(lake, tenant.tenant_id):
-        assert set(files_by_partition(lake, uri).values()) == {1}, name
-        assert by_table[name].files_after == len(files_by_partition(lake, uri))
+    for table_id, _, uri in tenant_tables(lake, tenant.tenant_id):
+        assert set(files_by_partition(lake, uri).values()) == {1}, table_id
+        assert by_table[str(table_id)].files_after == len(files_by_partition(lake, uri))
     assert files_by_partition(lake, bronze_uri).keys() == before_partitions.keys()
     bronze = by_table[BRONZE_EVENTS.name]
     assert bronze.files_before == sum(before_partitions.values()) and bronze.files_after == 3
@@ -198,12 +204,12 @@ def test_a_packing_that_loses_a_race_is_left_for_later(conn, lake, tenant, dsn, 
     raced: list[str] = []
     pack = rewrites.compact_small_files
 
-    def racing(conn_, table, spec, tenant_id, name, hooks):
+    def racing(conn_, table, spec, *, tenant_id, table_id, hooks):
         if not raced and table.version() % 3 == 0 and len(table.file_uris()) > 1:
             with psycopg.connect(dsn, autocommit=True) as elsewhere:
                 results = maintenance.compact(elsewhere, lake, tenant_id)
             raced.extend(r.table for r in results if r.action == "rewrote")
-        return pack(conn_, table, spec, tenant_id, name, hooks)
+        return pack(conn_, table, spec, tenant_id=tenant_id, table_id=table_id, hooks=hooks)
 
     monkeypatch.setattr(writer, "compact_small_files", racing)
     small_batches(conn, lake, tenant, claims=8, days=1)
@@ -226,14 +232,14 @@ def test_the_writer_does_not_pack_a_table_another_rewrite_holds(
     bronze_uri = lake.table_uri(tenant.tenant_id, BRONZE_EVENTS)
     with (
         psycopg.connect(dsn, autocommit=True) as elsewhere,
-        rewrites.rewrite_lock(elsewhere, tenant.tenant_id, BRONZE_EVENTS.name) as held,
+        rewrites.rewrite_lock(elsewhere, tenant.tenant_id, TableId(BRONZE_EVENTS.name)) as held,
     ):
         assert held
         made = small_batches(conn, lake, tenant, claims=6, days=1)
         assert lake.open(bronze_uri).version() > 6
         assert not _writer_packs(bronze_uri)
-        name = BRONZE_EVENTS.name
-        with rewrites.rewrite_lock(conn, tenant.tenant_id, name, wait=False) as mine:
+        bronze = TableId(BRONZE_EVENTS.name)
+        with rewrites.rewrite_lock(conn, tenant.tenant_id, bronze, wait=False) as mine:
             assert not mine
     for i in range(4):
         later = claim(made[0].workarea_id, made[0].workarea_path_at_write)
@@ -296,7 +302,7 @@ def test_zorder_then_a_demote_rewrites_one_file(conn, lake, tenant):
     assert touched.get("remove") == 1 and touched.get("add") == 1, touched
     assert len(silver.file_uris()) == files
     (curated_name, _, curated_uri) = next(
-        t for t in tenant_tables(lake, tenant.tenant_id) if t[0].startswith(GOLD_CURATED.name)
+        t for t in tenant_tables(lake, tenant.tenant_id) if t.spec is GOLD_CURATED
     )
     curated = lake.open(curated_uri)
     assert commit_actions(curated_uri, curated.version()).get("remove") == 1, curated_name
@@ -317,7 +323,7 @@ def test_drain_maintain_drain_again_no_duplicates(conn, lake, tenant, tmp_path):
     made = small_batches(conn, lake, tenant)
     txns = txn_versions(lake, tenant.tenant_id)
 
-    maintenance.maintain(conn, lake, tenant.tenant_id, "all")
+    maintenance.maintain(conn, lake, tenant.tenant_id, task="all")
     assert txn_versions(lake, tenant.tenant_id) == txns
 
     passes = drain(conn, lake, [tenant.tenant_id], policy=DrainPolicy(until_idle=True))
@@ -328,7 +334,7 @@ def test_drain_maintain_drain_again_no_duplicates(conn, lake, tenant, tmp_path):
     acts.promote(conn, tenant, extra, b"after maintenance")
     acts.erase(conn, tenant, made[4])
     drain_all(conn, lake)
-    maintenance.maintain(conn, lake, tenant.tenant_id, "compact")
+    maintenance.maintain(conn, lake, tenant.tenant_id, task="compact")
     acts.demote(conn, tenant, extra)
     drain_all(conn, lake)
 
@@ -423,8 +429,9 @@ def test_retention_properties_follow_the_policy(conn, lake, tenant):
     small_batches(conn, lake, tenant, claims=4)
     maintenance.compact(conn, lake, tenant.tenant_id)
     superseded = {
-        name: len(deltalog.list_files(lake.filesystem(uri)).data) - len(lake.open(uri).file_uris())
-        for name, _, uri in tenant_tables(lake, tenant.tenant_id)
+        str(table_id): len(deltalog.list_files(lake.filesystem(uri)).data)
+        - len(lake.open(uri).file_uris())
+        for table_id, _, uri in tenant_tables(lake, tenant.tenant_id)
     }
     results = maintenance.vacuum(conn, lake, tenant.tenant_id)
     assert all(r.operation == maintenance.VACUUM for r in results)  # nothing to update
@@ -439,7 +446,7 @@ def test_retention_properties_follow_the_policy(conn, lake, tenant):
     results = maintenance.vacuum(conn, lake, tenant.tenant_id)
     updated = [r for r in results if r.operation == maintenance.PROPERTIES]
     assert {r.table for r in updated} == {
-        name for name, _, _ in tenant_tables(lake, tenant.tenant_id)
+        str(t.table) for t in tenant_tables(lake, tenant.tenant_id)
     }
     for name, _, uri in tenant_tables(lake, tenant.tenant_id):
         config = lake.open(uri).metadata().configuration
@@ -624,7 +631,7 @@ def test_maintenance_on_an_s3_lake(conn, s3_lake):
     compacted = {r.table: r for r in maintenance.compact(conn, lake, keys.tenant_id)}
     assert compacted[SILVER_CLAIMS.name].files_removed == 3
     time.sleep(1.2)
-    results = maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    results = maintenance.maintain(conn, lake, keys.tenant_id, task="vacuum")
 
     by_step = {(r.table, r.operation): r for r in results}
     silver_uri = lake.table_uri(keys.tenant_id, SILVER_CLAIMS)
@@ -652,7 +659,7 @@ def test_tables_stay_compact_and_bounded_under_a_long_workload(conn, lake):
             policy=DrainPolicy(until_idle=True, config=WriterConfig(max_batch=4, txn_lag_limit=2)),
         )
         time.sleep(1.5)
-        maintenance.maintain(conn, lake, keys.tenant_id, "all")
+        maintenance.maintain(conn, lake, keys.tenant_id, task="all")
         on_disk = {}
         for name, _, uri in tenant_tables(lake, keys.tenant_id):
             parquet = [

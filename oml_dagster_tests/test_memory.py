@@ -38,7 +38,7 @@ def test_the_cap_shrinks_after_a_peak_over_the_budget_and_grows_only_well_under_
     cap, ops, before, peak, budget
 ):
     least = 1_000
-    after = next_cap(cap, ops, before, peak, budget, least)
+    after = next_cap(cap, ops=ops, before_mib=before, peak_mib=peak, budget_mib=budget, least=least)
     assert after >= least
     if peak > budget:
         # the batch that went over is never repeated at its size, nor the cap kept

@@ -15,6 +15,7 @@ from oml_dagster.lake.model.tables import (
     GOLD_CURATED,
     REWRITE_TARGET_FILE_SIZE,
     SILVER_CLAIMS,
+    TableId,
 )
 from oml_dagster.lake.store import maintenance, rewrites
 from oml_dagster.lake.store.reads import read_rows, tenant_tables
@@ -115,7 +116,12 @@ def test_the_writer_s_packing_keeps_silver_at_its_target_size(conn, lake, tenant
     monkeypatch.setattr(rewrites, "SMALL_FILES_EVERY", 1)
 
     replaced = rewrites.compact_small_files(
-        conn, silver, SILVER_CLAIMS, tenant.tenant_id, SILVER_CLAIMS.name, None
+        conn,
+        silver,
+        SILVER_CLAIMS,
+        tenant_id=tenant.tenant_id,
+        table_id=TableId(SILVER_CLAIMS.name),
+        hooks=None,
     )
 
     silver = lake.open(silver_uri)

@@ -151,9 +151,9 @@ def test_may_hold_is_false_only_when_no_file_can_hold_the_range(seq_files, low, 
     table, files = seq_files
     high = low + span
     reaches = any(min(v) <= high and max(v) >= low for v in files)
-    assert may_hold(table, "applied_seq", low, high) == reaches
+    assert may_hold(table, "applied_seq", low=low, high=high) == reaches
     if any(low <= x <= high for v in files for x in v):
-        assert may_hold(table, "applied_seq", low, high)
+        assert may_hold(table, "applied_seq", low=low, high=high)
 
 
 def test_a_file_without_statistics_may_hold_any_range(tmp_path):
@@ -167,7 +167,7 @@ def test_a_file_without_statistics_may_hold_any_range(tmp_path):
     data = pa.Table.from_pylist(rows, schema=GOLD_LINEAGE.schema)
     write_deltalake(uri, data, mode="append", writer_properties=no_stats)
     table = Lake(str(tmp_path)).open(uri)
-    assert may_hold(table, "applied_seq", 1_000, 2_000)
+    assert may_hold(table, "applied_seq", low=1_000, high=2_000)
 
 
 def _edge_ids_table(uri: str, files: list[list[str]], props=None):

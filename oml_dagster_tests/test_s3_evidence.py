@@ -83,7 +83,7 @@ def test_erased_ciphertext_leaves_every_object_under_the_tenant_prefix(conn, s3_
 
     # VACUUM keeps what was removed within the bound: wait that out for real.
     time.sleep(max(0.0, drained_at.timestamp() + BOUND.total_seconds() + 0.3 - time.time()))
-    maintenance.maintain(conn, lake, keys.tenant_id, "vacuum")
+    maintenance.maintain(conn, lake, keys.tenant_id, task="vacuum")
     assert objects_holding(lake, keys.tenant_id, erased) == []
     assert erasure_evidence(conn, lake, keys.tenant_id, cadence=CADENCE).ok
     rows = {r["artifact_id"]: r for r in read_rows(lake.open(silver_uri), SILVER_CLAIMS)}

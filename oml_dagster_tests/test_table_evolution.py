@@ -20,6 +20,7 @@ from oml_dagster.lake.model.tables import (
     CORE_TABLES,
     GOLD_CURATED,
     SILVER_CLAIMS,
+    TableId,
 )
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.reads import query, tenant_tables
@@ -45,7 +46,7 @@ def _files(table: DeltaTable) -> set[str]:
     return set(table.file_uris())
 
 
-def _tables(lake: Lake, tenant_id: str) -> dict[str, DeltaTable]:
+def _tables(lake: Lake, tenant_id: str) -> dict[TableId, DeltaTable]:
     return {name: lake.open(uri) for name, _spec, uri in tenant_tables(lake, tenant_id)}
 
 

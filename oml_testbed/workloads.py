@@ -68,6 +68,6 @@ def lake_snapshot(lake, tenant_id: str) -> dict[str, list[dict]]:
     """Every existing table of the tenant as rows in a stable order. No column depends on when
     a drain ran (curated_at is the validation's instant), so a rebuild must equal it exactly."""
     return {
-        name: sorted(read_rows(lake.open(uri), spec), key=repr)
-        for name, spec, uri in tenant_tables(lake, tenant_id)
+        str(table_id): sorted(read_rows(lake.open(uri), spec), key=repr)
+        for table_id, spec, uri in tenant_tables(lake, tenant_id)
     }

@@ -28,7 +28,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             _print("no tenants")
         for tenant_id in tenants:
             results = maintenance.maintain(
-                conn, lake, tenant_id, args.task, target_size=args.target_size
+                conn, lake, tenant_id, task=args.task, target_size=args.target_size
             )
             lost = lost_tables(conn, lake, tenant_id)
             if lost:

@@ -21,7 +21,7 @@ from typing import Any
 import dagster as dg
 
 from oml_dagster.lake.analytics import lag, reports, sandbox, second_reader
-from oml_dagster.lake.model.tables import DEMOTED, ERASED, HELD, PROMOTED
+from oml_dagster.lake.model.tables import DEMOTED, ERASED, HELD, PROMOTED, TableId
 from oml_dagster.lake.store.layout import Lake
 
 from .assets import AREAS, BRONZE, CURATED, LINEAGE, OUTBOX, SILVER, TABLE_OF
@@ -210,9 +210,9 @@ ANALYTICS_ASSETS = [event_volume, lake_lag, claims_by_state, lineage_stats]
 
 
 def read_check_result(lake: Lake, tenant_id: str, reads: list[dg.AssetKey]) -> dg.AssetCheckResult:
-    names = [TABLE_OF[k].name for k in reads]
+    tables = [TableId(TABLE_OF[k].name) for k in reads]
     with sandbox.tenant_connection(lake, tenant_id) as tc:
-        checks = second_reader.second_reader_check(lake, tc, names)
+        checks = second_reader.second_reader_check(lake, tc, tables)
     failing = [c for c in checks if not c.agrees]
     return dg.AssetCheckResult(
         passed=not failing,

@@ -90,7 +90,7 @@ def _run(
     tenant_id = context.partition_key
     with postgres.connect() as conn:
         results = maintenance.run_operation(
-            conn, lake.get_lake(), tenant_id, operation, target_size=target_size
+            conn, lake.get_lake(), tenant_id, operation=operation, target_size=target_size
         )
     _report(context, operation, results)
 

@@ -198,7 +198,7 @@ SELECT k.seq, k.journal_seq, k.op, k.event_object, k.followed,
   (SELECT d.journal_seq FROM oml.lake_dead_letter d WHERE d.requeued_id = k.id)
     AS origin_journal_seq,
   k.tenant_id::text AS tenant_id,
-  CASE WHEN k.event_object THEN NULL ELSE k.p::text END AS payload_json,
+  k.p::text AS payload_json,
   CASE WHEN k.event_object THEN k.p - '{_DECLARED}'::text[] = '{{}}'::jsonb END AS declared_only,
   CASE WHEN k.event_object THEN k.p ->> 'api_key_id' IN (
     SELECT a.api_key_id FROM oml.api_keys a WHERE a.tenant_id = $1::uuid
@@ -226,14 +226,6 @@ FETCH_WORK_MEM = "SET work_mem = '256MB'"
 
 # --- the outbox --------------------------------------------------------------------------------
 
-# The payloads of ops the fetch sent as columns that the catalog must fold after all.
-# Bounded by the tenant and the seqs' range, so the scan is the batch's, whatever the planner
-# believes: with statistics taken while the rows were unsequenced, `seq = ANY` alone ran as a
-# scan of every sequenced row of the outbox (0.25 s a call at 240k rows; ADR 0039).
-OUTBOX_PAYLOADS = (
-    "SELECT seq, payload FROM oml.outbox"
-    " WHERE tenant_id = %s AND seq BETWEEN %s AND %s AND seq = ANY(%s)"
-)
 OUTBOX_COUNT_IN = "SELECT count(*) FROM oml.outbox WHERE tenant_id = %s AND seq > %s AND seq <= %s"
 # The read-only fold's stream of a tenant's sequenced ops (the reconciler).
 OUTBOX_THROUGH = (

@@ -178,7 +178,11 @@ def _parsed(report: TenantVerification, rows) -> list[catalog.Op]:
         if name == "journal.event":
             continue  # the chain check owns events
         try:
-            ops.append(catalog.parse(0, journal_seq, report.tenant_id, name, payload))
+            ops.append(
+                catalog.parse(
+                    name, payload, seq=0, journal_seq=journal_seq, tenant_id=report.tenant_id
+                )
+            )
         except RefusedOp:
             report.refused_rows += 1
     return ops

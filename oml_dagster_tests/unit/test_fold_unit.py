@@ -74,7 +74,9 @@ class Fold:
         """Parse the next outbox row (raises RefusedOp as the writer's parse step would)."""
         self.seq += 1
         self.journal_seq = journal_seq or self.journal_seq + 1
-        return catalog.parse(self.seq, self.journal_seq, TENANT, name, payload)
+        return catalog.parse(
+            name, payload, seq=self.seq, journal_seq=self.journal_seq, tenant_id=TENANT
+        )
 
     def run(self, name: str, payload: dict, journal_seq: int | None = None) -> str | None:
         """Parse, check and apply one op; the refusal's reason, or None when it applied."""
@@ -611,7 +613,7 @@ def test_journal_event_refusals():
 )
 def test_parse_refuses_bad_input(name, payload, reason):
     with pytest.raises(RefusedOp) as refused:
-        catalog.parse(1, 1, TENANT, name, payload)
+        catalog.parse(name, payload, seq=1, journal_seq=1, tenant_id=TENANT)
     assert reason in refused.value.reason
 
 
@@ -860,7 +862,10 @@ def writer_folds(rows: list[tuple], cuts: list[int]) -> tuple[TenantState, dict[
     while start < len(rows):
         batch = rows[start : start + cuts[n % len(cuts)]]
         start, n = start + len(batch), n + 1
-        ops = [(r[0], catalog.parsed(r[0], r[1], TENANT, r[2], r[3])) for r in batch]
+        ops = [
+            (r[0], catalog.parsed(r[2], r[3], seq=r[0], journal_seq=r[1], tenant_id=TENANT))
+            for r in batch
+        ]
         before = copy.deepcopy(state)
         verdicts = catalog.fold(ops, state, decided=decided, recorded=recorded)
         assert verdicts.unparsable == {}  # nothing below the frontier in a first fold
@@ -884,7 +889,10 @@ def reconciler_fold(
         while pending and pending[0] < seq:
             taken[pending.pop(0)] = tables(state)
 
-    stream = ((r[0], catalog.parsed(r[0], r[1], TENANT, r[2], r[3])) for r in rows)
+    stream = (
+        (r[0], catalog.parsed(r[2], r[3], seq=r[0], journal_seq=r[1], tenant_id=TENANT))
+        for r in rows
+    )
     last = rows[-1][0] if rows else 0
     verdicts = catalog.fold(stream, state, decided=last, recorded=recorded, on_op=take_through)
     take_through(2**63)
@@ -929,8 +937,22 @@ def test_an_op_refused_by_parse_is_refused_once_then_skipped(fold):
     c = claim(1)
     fold.ok(acts.promote_act(c))
     start = copy.deepcopy(fold.state)
-    bad = (7, catalog.parsed(7, 7, TENANT, "claim.demote", {"artifact_id": c.artifact_id}))
-    good = (8, catalog.parsed(8, 8, TENANT, "claim.demote", acts.demote_act(c, at(1)).ops[0][1]))
+    bad = (
+        7,
+        catalog.parsed(
+            "claim.demote", {"artifact_id": c.artifact_id}, seq=7, journal_seq=7, tenant_id=TENANT
+        ),
+    )
+    good = (
+        8,
+        catalog.parsed(
+            "claim.demote",
+            acts.demote_act(c, at(1)).ops[0][1],
+            seq=8,
+            journal_seq=8,
+            tenant_id=TENANT,
+        ),
+    )
     assert isinstance(bad[1], RefusedOp) and isinstance(good[1], catalog.Op)
     verdicts = catalog.fold([bad, good], fold.state, decided=6, recorded={})
     assert verdicts.refused == {7: "claim.demote: field 'version' is missing"}
@@ -949,7 +971,12 @@ def test_an_applied_op_that_no_longer_parses_is_reported_and_skipped(fold):
     c = claim(1)
     fold.ok(acts.promote_act(c))
     before = tables(fold.state)
-    bad = (9, catalog.parsed(9, 9, TENANT, "claim.demote", {"artifact_id": c.artifact_id}))
+    bad = (
+        9,
+        catalog.parsed(
+            "claim.demote", {"artifact_id": c.artifact_id}, seq=9, journal_seq=9, tenant_id=TENANT
+        ),
+    )
     verdicts = catalog.fold([bad], fold.state, decided=9, recorded=set())
     assert verdicts == catalog.Verdicts(unparsable={9: "claim.demote: field 'version' is missing"})
     assert tables(fold.state) == before

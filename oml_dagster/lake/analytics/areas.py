@@ -143,11 +143,11 @@ def replay_areas(
             continue
         try:
             op = catalog.parse(
-                event.outbox_seq,
-                event.journal_seq,
-                tenant_id,
                 AREA_EVENTS[event.event_type],
                 payload,
+                seq=event.outbox_seq,
+                journal_seq=event.journal_seq,
+                tenant_id=tenant_id,
             )
             catalog.check(op, state)
         except RefusedOp as refused:

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from oml_dagster.lake import queries
-from oml_dagster.lake.model.tables import APP_ID
+from oml_dagster.lake.model.tables import APP_ID, TableId
 from oml_dagster.lake.queries import tenant_scope
 from oml_dagster.lake.store.layout import Lake
 
@@ -37,13 +37,13 @@ class CommitLag:
 
 
 def lake_lag(
-    conn: psycopg.Connection, lake: Lake, tenant_id: str, tables: Iterable[tuple[str, str]]
+    conn: psycopg.Connection, lake: Lake, tenant_id: str, tables: Iterable[tuple[TableId, str]]
 ) -> list[CommitLag]:
-    """Every writer commit the tenant's tables' logs still hold (`tables`: (name, uri)), with its
+    """Every writer commit the tenant's tables' logs still hold (`tables`: (TableId, uri)), with its
     lag: commit time (the Delta commitInfo timestamp) minus the `oml.outbox.created_at` of the
     oldest of the tenant's ops in the batch (`oml.batch_start`, `oml.batch_end`]."""
     found: list[CommitLag] = []
-    for name, uri in tables:
+    for table_id, uri in tables:
         table = lake.open(uri)
         if table is None:
             continue
@@ -52,7 +52,7 @@ def lake_lag(
                 continue  # maintenance commits carry no batch
             found.append(
                 CommitLag(
-                    table=name,
+                    table=str(table_id),
                     version=int(entry["version"]),
                     committed_at=dt.datetime.fromtimestamp(entry["timestamp"] / 1000, dt.UTC),
                     batch_start=int(entry["oml.batch_start"]),

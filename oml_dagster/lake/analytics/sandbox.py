@@ -56,7 +56,7 @@ class TenantView:
     the table does not exist yet and the view is an empty table of the spec's columns)."""
 
     view: str
-    table: str
+    table: TableId
     spec: TableSpec
     uri: str | None
 
@@ -140,14 +140,13 @@ def tenant_connection(lake: Lake, tenant_id: str, *, lockdown: bool = False) -> 
         if not lake.is_local:
             con.execute(f"LOAD {sql_text(extension_path('httpfs'))}")
             con.execute(s3_secret(lake.storage_options))
-        existing = {name: (spec, uri) for name, spec, uri in tenant_tables(lake, tenant_id)}
+        existing = {t.table: t.uri for t in tenant_tables(lake, tenant_id)}
         for spec in CORE_TABLES:
-            spec_uri = existing.get(spec.name)
-            _register(found, VIEW_OF[spec.name], spec.name, spec, spec_uri[1] if spec_uri else None)
-        for name, (spec, uri) in sorted(existing.items()):
-            workarea_id = TableId.parse(name).workarea_id
-            if spec is GOLD_CURATED and workarea_id is not None:
-                _register(found, curated_view(workarea_id), name, spec, uri)
+            core = TableId(spec.name)
+            _register(found, VIEW_OF[spec.name], core, spec, existing.get(core))
+        for table_id, uri in sorted(existing.items(), key=lambda kv: str(kv[0])):
+            if table_id.spec_name == GOLD_CURATED.name and table_id.workarea_id is not None:
+                _register(found, curated_view(table_id.workarea_id), table_id, GOLD_CURATED, uri)
         if lockdown:
             prefix = lake.tenant_uri(tenant_id).rstrip("/") + "/"
             con.execute(f"SET allowed_directories = [{sql_text(prefix)}]")
@@ -161,7 +160,7 @@ def tenant_connection(lake: Lake, tenant_id: str, *, lockdown: bool = False) -> 
 
 
 def _register(
-    found: TenantConnection, view: str, table: str, spec: TableSpec, uri: str | None
+    found: TenantConnection, view: str, table: TableId, spec: TableSpec, uri: str | None
 ) -> None:
     con = found.con
     if uri is None:

@@ -35,19 +35,19 @@ class ReadCheck:
 
 
 def second_reader_check(
-    lake: Lake, tc: TenantConnection, tables: Iterable[str] | None = None
+    lake: Lake, tc: TenantConnection, tables: Iterable[TableId] | None = None
 ) -> list[ReadCheck]:
     """Row counts of the tenant's tables through DuckDB against the sum of the Delta log's
     per-file record counts (delta-rs). A table DuckDB cannot read is a finding (`error`), not a
-    crash. `tables` limits it to those table names (a curated table is
-    `gold.curated/<workarea_id>`; `gold.curated` means all of them)."""
+    crash. `tables` limits it to those tables (a curated table is
+    `TableId.curated(workarea_id)`; `TableId("gold.curated")` means all of them)."""
     wanted = set(tables) if tables is not None else None
     found = []
     for view in tc.views.values():
         if view.uri is None:
             continue
         if wanted is not None and not (
-            view.table in wanted or TableId.parse(view.table).spec_name in wanted
+            view.table in wanted or TableId(view.table.spec_name) in wanted
         ):
             continue
         table = lake.open(view.uri)
@@ -72,8 +72,8 @@ def _read_check(tc: TenantConnection, view: TenantView, table: DeltaTable) -> Re
             # be answered from the log's statistics alone.
             duck = int(tc.value(f"SELECT count(*), sum(length(tenant_id)) FROM {view.view}"))
         except duckdb.Error as error:
-            return ReadCheck(view.table, view.view, version, None, log_rows, str(error))
+            return ReadCheck(str(view.table), view.view, version, None, log_rows, str(error))
         table.update_incremental()
         if table.version() == version:
             break
-    return ReadCheck(view.table, view.view, version, duck, log_rows)
+    return ReadCheck(str(view.table), view.view, version, duck, log_rows)

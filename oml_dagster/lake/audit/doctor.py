@@ -34,7 +34,7 @@ from oml_dagster.lake.audit.erasure import (
     erasure_evidence,
 )
 from oml_dagster.lake.audit.reconcile import reconcile
-from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL
+from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL, TableId
 from oml_dagster.lake.policy import DEFAULT_CADENCE, lag
 from oml_dagster.lake.queries import tenant_scope
 from oml_dagster.lake.store.deltalog import last_checkpoint
@@ -243,10 +243,10 @@ def drained_through(lake: Lake, tenant_id: str) -> int:
 def lost_tables(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[str]:
     """The tenant's tables that the frontier cache says were committed to (a txn above 0) and
     the lake no longer has: a lost lake, or a part of one. Empty for a tenant never drained."""
-    present = {name for name, _, _ in tenant_tables(lake, tenant_id)}
+    present = {t.table for t in tenant_tables(lake, tenant_id)}
     with tenant_scope(conn, tenant_id):
         frontier = conn.execute(queries.FRONTIER_VERSIONS, (tenant_id,)).fetchall()
-    return sorted(name for name, txn, _ in frontier if txn and name not in present)
+    return sorted(name for name, txn, _ in frontier if txn and TableId.parse(name) not in present)
 
 
 def examine(
@@ -262,7 +262,7 @@ def examine(
     now = now or dt.datetime.now(dt.UTC)
     health = TenantHealth(tenant_id, lag_limit=lag_limit)
     txns = []
-    for name, _, uri in tenant_tables(lake, tenant_id):
+    for table_id, _, uri in tenant_tables(lake, tenant_id):
         table = lake.open(uri)
         if table is None:
             continue
@@ -270,7 +270,7 @@ def examine(
         checkpoint = last_checkpoint(lake.filesystem(uri))
         behind = table.version() - (checkpoint if checkpoint is not None else -1)
         if behind >= checkpoint_interval:
-            health.checkpoint_overdue.append((name, behind))
+            health.checkpoint_overdue.append((str(table_id), behind))
     # Drained through the newest batch any table recorded (every batch appends to bronze; a
     # table with nothing to change may lag its txn on purpose). A missing lake: through 0.
     drained_through = max(txns) if txns else 0

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from oml_dagster.lake import queries
-from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS
+from oml_dagster.lake.model.tables import GOLD_CURATED, SILVER_CLAIMS, TableId
 from oml_dagster.lake.policy import DEFAULT_CADENCE, read_erasure_bound
 from oml_dagster.lake.queries import TenantSession, tenant_scope
 from oml_dagster.lake.store import deltalog
@@ -129,7 +129,7 @@ def _log_boundary(listing: deltalog.Listing, table: DeltaTable) -> int:
 
 def _table_evidence(
     lake: Lake,
-    name: str,
+    table_id: TableId,
     uri: str,
     now: dt.datetime,
     data_deadline: dt.timedelta,
@@ -164,7 +164,13 @@ def _table_evidence(
         and mtime < now - log_deadline
     )
     return TableEvidence(
-        name, erased["n"], erased["with_body"], len(live), len(unreferenced), overdue, overdue_log
+        str(table_id),
+        erased["n"],
+        erased["with_body"],
+        len(live),
+        len(unreferenced),
+        overdue,
+        overdue_log,
     )
 
 
@@ -185,10 +191,10 @@ def erasure_evidence(
     state = state or ErasureState.read(conn, lake, tenant_id)
     bound = state.bound
     evidence = ErasureEvidence(tenant_id, now, bound, cadence)
-    for name, spec, uri in tenant_tables(lake, tenant_id):
+    for table_id, spec, uri in tenant_tables(lake, tenant_id):
         if spec in (SILVER_CLAIMS, GOLD_CURATED):
             evidence.tables.append(
-                _table_evidence(lake, name, uri, now, bound + cadence, bound + 2 * cadence)
+                _table_evidence(lake, table_id, uri, now, bound + cadence, bound + 2 * cadence)
             )
     evidence.dead_lettered_erases = [
         (e.seq, e.artifact_id, e.reason) for e in state.erases if e.open_dead_letter
@@ -489,9 +495,10 @@ def erased_artifacts(
         return evidence
 
     wanted = set(by_key)
-    for name, spec, uri in tenant_tables(lake, tenant_id):
+    for table_id, spec, uri in tenant_tables(lake, tenant_id):
         if spec not in (SILVER_CLAIMS, GOLD_CURATED):
             continue
+        name = str(table_id)  # what the evidence (JSON) names
         table = _existing(lake, uri)
         fs = lake.filesystem(uri)
         prefix = uri[len(lake.tenant_uri(tenant_id)) + 1 :] + "/"

@@ -45,7 +45,6 @@ from oml_dagster.lake.errors import ExportTargetRefused, TenantPurged
 from oml_dagster.lake.model.tables import (
     APP_ID,
     BRONZE_EVENTS,
-    CORE_TABLES,
     GOLD_CURATED,
     SILVER_CLAIMS,
     TableId,
@@ -140,14 +139,6 @@ def _relpath(lake: Lake, tenant_id: str, uri: str) -> str:
     return uri[len(lake.tenant_uri(tenant_id)) + 1 :]
 
 
-def _spec_of(name: str) -> TableSpec:
-    spec_name = TableId.parse(name).spec_name
-    for spec in (*CORE_TABLES, GOLD_CURATED):
-        if spec.name == spec_name:
-            return spec
-    raise ValueError(f"no table kind {spec_name!r}")
-
-
 def _live_rows(table: DeltaTable, spec: TableSpec) -> pa.RecordBatchReader:
     """The table's rows at its loaded version, batch by batch in the spec's types: a copy holds
     one batch in memory at a time, not the table."""
@@ -182,13 +173,13 @@ def _plan(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> dict[str, Any
     """The snapshot an export copies: every table's live version and txn, fixed before the first
     table is written."""
     tables = []
-    for name, _spec, uri in tenant_tables(lake, tenant_id):
+    for table_id, _spec, uri in tenant_tables(lake, tenant_id):
         table = lake.open(uri)
         if table is None:
             continue
         tables.append(
             {
-                "name": name,
+                "name": str(table_id),
                 "path": _relpath(lake, tenant_id, uri),
                 "source_version": table.version(),
                 "txn_version": table.transaction_version(APP_ID) or 0,
@@ -261,8 +252,10 @@ def export_tenant(
     tables: list[dict[str, Any]] = []
     head: dict[str, Any] = {"journal_seq": 0, "hash": bytes(32).hex()}
     for entry in plan["tables"]:
+        # The plan is JSON read back from the target: its names are parsed here, once.
         name, path = entry["name"], entry["path"]
-        spec = _spec_of(name)
+        table_id = TableId.parse(name)
+        spec = table_id.spec
         uri = f"{target.root.rstrip('/')}/{tenant_id}/{path}"
         copy = target.open(uri)
         if copy is None:
@@ -270,7 +263,7 @@ def export_tenant(
             table_fs = target_filesystem(target, f"{tenant_id}/{path}")
             for leftover in list_objects(table_fs):
                 table_fs.delete_file(leftover)
-            where = source.table_uri(tenant_id, spec, TableId.parse(name).workarea_id)
+            where = source.table_uri(tenant_id, spec, table_id.workarea_id)
             original = source.open(where, version=entry["source_version"])
             assert original is not None  # a version the log no longer holds raises
             write_deltalake(

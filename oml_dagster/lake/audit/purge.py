@@ -142,12 +142,12 @@ def _listing(lake: Lake, tenant_id: str) -> tuple[Lake, dict[str, int]]:
 
 def _inventory(lake: Lake, tenant_id: str) -> dict[str, Any]:
     tables = []
-    for name, _spec, uri in tenant_tables(lake.for_tenant(tenant_id), tenant_id):
+    for table_id, _spec, uri in tenant_tables(lake.for_tenant(tenant_id), tenant_id):
         table = lake.for_tenant(tenant_id).open(uri)
         if table is not None:
             tables.append(
                 {
-                    "name": name,
+                    "name": str(table_id),
                     "version": table.version(),
                     "txn_version": table.transaction_version(APP_ID) or 0,
                 }

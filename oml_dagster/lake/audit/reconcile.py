@@ -196,7 +196,7 @@ class Reconciliation:
 
 @dataclass
 class _Table:
-    name: str
+    table_id: TableId
     spec: TableSpec
     table: DeltaTable
     rows: list[Row]
@@ -206,8 +206,13 @@ class _Table:
         return self.table.transaction_version(APP_ID) or 0
 
     @property
+    def name(self) -> str:
+        """The table's name in findings (JSON and CLI output)."""
+        return str(self.table_id)
+
+    @property
     def workarea_id(self) -> str | None:
-        return TableId.parse(self.name).workarea_id
+        return self.table_id.workarea_id
 
 
 class LakeSnapshot:
@@ -216,10 +221,10 @@ class LakeSnapshot:
     def __init__(self, lake: Lake, tenant_id: str):
         self.tenant_id = tenant_id
         self.tables: list[_Table] = []
-        for name, spec, uri in tenant_tables(lake, tenant_id):
+        for table_id, spec, uri in tenant_tables(lake, tenant_id):
             table = lake.open(uri)
             if table is not None:
-                self.tables.append(_Table(name, spec, table, read_rows(table, spec)))
+                self.tables.append(_Table(table_id, spec, table, read_rows(table, spec)))
 
     def of(self, spec: TableSpec) -> list[_Table]:
         return [t for t in self.tables if t.spec is spec]
@@ -269,34 +274,34 @@ def check_frontier(conn: psycopg.Connection, snapshot: LakeSnapshot) -> dict[str
     }
     with tenant_scope(conn, tenant_id):
         rows = conn.execute(queries.FRONTIER_BATCH_ENDS, (tenant_id,)).fetchall()
-    cache = {name: (batch_end, txn) for name, batch_end, txn in rows}
-    in_lake = {t.name: t for t in snapshot.tables}
-    for name, t in in_lake.items():
+    cache = {TableId.parse(name): (batch_end, txn) for name, batch_end, txn in rows}
+    in_lake = {t.table_id: t for t in snapshot.tables}
+    for table_id, t in in_lake.items():
         result = results[t.spec.name]
         result.checked += 1
         delta = t.txn
-        if name not in cache:
-            result.add(name, None, None, f"Delta txn {delta} but no frontier cache row")
-        elif cache[name][1] != delta:
-            cached = cache[name][1]
+        if table_id not in cache:
+            result.add(t.name, None, None, f"Delta txn {delta} but no frontier cache row")
+        elif cache[table_id][1] != delta:
+            cached = cache[table_id][1]
             why = (
                 "the Delta log is behind its cache (a lost or restored table: backfill the tenant)"
                 if delta < cached
                 else "the cache is behind the Delta log"
             )
             result.add(
-                name, None, None, f"frontier cache txn {cached} but Delta txn {delta}: {why}"
+                t.name, None, None, f"frontier cache txn {cached} but Delta txn {delta}: {why}"
             )
-    for name, (_, cached) in cache.items():
-        if name in in_lake or cached == 0:
+    for table_id, (_, cached) in cache.items():
+        if table_id in in_lake or cached == 0:
             continue
-        found = results.get(TableId.parse(name).spec_name)
+        found = results.get(table_id.spec_name)
         if found is None:
             continue
         result = found
         result.checked += 1
         result.add(
-            name,
+            str(table_id),
             None,
             None,
             f"frontier cache txn {cached} but no Delta table (a lost lake: backfill the tenant)",
@@ -585,7 +590,9 @@ def fold_outbox(conn: psycopg.Connection, tenant_id: str, through: dict[str, int
         stream: Iterable[tuple[Any, ...]],
     ) -> Iterator[tuple[int, catalog.Op | RefusedOp]]:
         for seq, journal_seq, name, payload in stream:
-            op = catalog.parsed(seq, journal_seq, tenant_id, name, payload)
+            op = catalog.parsed(
+                name, payload, seq=seq, journal_seq=journal_seq, tenant_id=tenant_id
+            )
             if isinstance(op, RefusedOp) and seq not in refused:
                 unparsed[seq] = name
             yield seq, op

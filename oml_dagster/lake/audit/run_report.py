@@ -93,7 +93,10 @@ def run_report(conn: psycopg.Connection[Any], results: Sequence[BatchResult]) ->
         if new_from < last.batch_end:
             new_ops = queries.ops_in(conn, tenant_id, new_from, last.batch_end)
         # Where every table stands after the run (the run has just refreshed this cache).
-        frontier = queries.frontier_versions(conn, tenant_id)
+        frontier = {
+            TableId.parse(name): state
+            for name, state in queries.frontier_versions(conn, tenant_id).items()
+        }
     refused = len(deadletter.refused_seqs(conn, tenant_id, new_from, last.batch_end))
     # The tenant's lag after the run: a table's own lag counts from its txn version, which an
     # idle table (no op of its kind) keeps for up to txn_lag_limit ops, drained or not.
@@ -120,13 +123,13 @@ def _table_report(
     tenant_id: str,
     spec: TableSpec,
     outcomes: list[TableOutcome],
-    frontier: Mapping[str, tuple[int, int | None]],
+    frontier: Mapping[TableId, tuple[int, int | None]],
 ) -> TableReport:
     mine = [t for t in outcomes if t.table.spec_name == spec.name]
     standing = {
-        TableId.parse(name).workarea_id: state
-        for name, state in frontier.items()
-        if TableId.parse(name).spec_name == spec.name
+        table.workarea_id: state
+        for table, state in frontier.items()
+        if table.spec_name == spec.name
     }
     actions = sorted({t.action for t in mine})
     report = TableReport(

@@ -4,8 +4,9 @@ For every `journal.event` row whose payload is a JSON object, the query returns 
 text (`->>`), the JSON type of the fields whose check needs it (`queries.TYPED_FIELDS`), whether the
 object has fields the catalog does not declare, and whether the tenant owns its api key.
 `bronze.py` checks those columns and turns the rows that pass into bronze rows without a Python
-object per row. Every other row comes with its payload as JSON text for the catalog's per-op
-path. PostgreSQL does no format checks here: its regular expressions cost microseconds per
+object per row. Every row also comes with its whole payload as JSON text (`payload_json`): the
+rows the catalog folds (every other op, and the events the checks do not clear or the batch's
+order leaves to it) are parsed from it once, with no second read of the outbox (ADR 0064). PostgreSQL does no format checks here: its regular expressions cost microseconds per
 field and row, where Arrow's (RE2) cost nanoseconds, and a cast it cannot make would fail the
 whole query. The statement's rows keep the index's seq order from scan to output (decision
 0022).
@@ -14,11 +15,14 @@ whole query. The statement's rows keep the index's seq order from scan to output
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
 import pyarrow as pa
 
@@ -62,6 +66,19 @@ class Batch:
         return int(self.columns.num_rows)
 
 
+# A run of 19 digits: an integer orjson would read as a float (past 64 bits), where PostgreSQL's
+# numeric and `json.loads` keep it exact.
+_LONG_NUMBER = re.compile(r"[0-9]{19}")
+
+
+def parse_payload(text: str) -> Any:
+    """An outbox payload from the JSON text the fetch carried: orjson, except for text with a
+    number orjson would not read exactly (it is then read as `json.loads` reads it)."""
+    if _LONG_NUMBER.search(text):
+        return json.loads(text)
+    return orjson.loads(text)
+
+
 def second_conninfo(conn: psycopg.Connection) -> str:
     """The connection string of `conn`, password included, for a second connection of the same
     login (the fetcher's ADBC connection, the drain's cut ahead)."""
@@ -81,7 +98,7 @@ class Fetcher:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def fetch(self, tenant_id: str, after: int, max_ops: int, max_bytes: int) -> Batch:
+    def fetch(self, tenant_id: str, *, after: int, max_ops: int, max_bytes: int) -> Batch:
         import adbc_driver_postgresql.dbapi as adbc
 
         with self._lock:
@@ -106,12 +123,14 @@ class Fetcher:
                 return Batch(after, columns, max_ops)
 
     def fetch_async(
-        self, tenant_id: str, after: int, max_ops: int, max_bytes: int
+        self, tenant_id: str, *, after: int, max_ops: int, max_bytes: int
     ) -> Future[Batch]:
         """`fetch` on the fetcher's worker thread."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="oml-fetch")
-        return self._pool.submit(self.fetch, tenant_id, after, max_ops, max_bytes)
+        return self._pool.submit(
+            self.fetch, tenant_id, after=after, max_ops=max_ops, max_bytes=max_bytes
+        )
 
     def close(self) -> None:
         if self._pool is not None:

@@ -208,7 +208,7 @@ def unknown_fields(payload: dict[str, Any], fields: tuple[Field, ...]) -> list[s
 
 
 def parse_fields(
-    payload: dict[str, Any], fields: tuple[Field, ...], prefix: str = "", strict: bool = False
+    payload: dict[str, Any], fields: tuple[Field, ...], *, prefix: str = "", strict: bool = False
 ) -> dict[str, Any]:
     """Parse the declared fields of `payload`; absent optional fields are left out. `strict`
     refuses fields the declaration does not name."""
@@ -965,11 +965,12 @@ CATALOG: dict[str, OpSpec] = {
 
 
 def parse(
+    name: str,
+    payload: Any,
+    *,
     seq: int,
     journal_seq: int,
     tenant_id: str,
-    name: str,
-    payload: Any,
     origin_journal_seq: int | None = None,
 ) -> Op:
     """Parse one outbox row into an `Op`, or raise `RefusedOp` naming what is wrong."""
@@ -992,16 +993,24 @@ def parse(
 
 
 def parsed(
+    name: str,
+    payload: Any,
+    *,
     seq: int,
     journal_seq: int,
     tenant_id: str,
-    name: str,
-    payload: Any,
     origin_journal_seq: int | None = None,
 ) -> Op | RefusedOp:
     """`parse`, with a refusal returned as a value for `fold` to decide on."""
     try:
-        return parse(seq, journal_seq, tenant_id, name, payload, origin_journal_seq)
+        return parse(
+            name,
+            payload,
+            seq=seq,
+            journal_seq=journal_seq,
+            tenant_id=tenant_id,
+            origin_journal_seq=origin_journal_seq,
+        )
     except RefusedOp as refused:
         # A fresh exception, never raised: the caught one carries a traceback, and a caller that
         # keeps its ops (the writer's batch) once kept every op alive through such a traceback

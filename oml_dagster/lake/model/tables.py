@@ -206,8 +206,17 @@ class TableId:
 
     @classmethod
     def parse(cls, name: str) -> TableId:
+        """The table a name read at a boundary names (a CLI argument, a frontier cache row, an
+        export manifest); inside the core a table travels as a `TableId`."""
         spec_name, _, workarea_id = name.partition("/")
         return cls(spec_name, workarea_id or None)
+
+    @property
+    def spec(self) -> TableSpec:
+        for spec in (*CORE_TABLES, GOLD_CURATED):
+            if spec.name == self.spec_name:
+                return spec
+        raise ValueError(f"no table kind {self.spec_name!r}")
 
     def __str__(self) -> str:
         return f"{self.spec_name}/{self.workarea_id}" if self.workarea_id else self.spec_name

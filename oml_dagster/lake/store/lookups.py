@@ -169,7 +169,7 @@ def may_hold_any(files: pa.Table, matches: Mapping[str, Collection[str]]) -> lis
     return maybe
 
 
-def may_hold(table: DeltaTable, column: str, low: int, high: int) -> bool:
+def may_hold(table: DeltaTable, column: str, *, low: int, high: int) -> bool:
     """Whether some data file of `table` may hold a `column` value between `low` and `high`,
     by the min/max statistics its log records (a file without them may)."""
     files = pa.table(table.get_add_actions(flatten=True))

@@ -44,7 +44,13 @@ import psycopg
 from deltalake import DeltaTable, PostCommitHookProperties
 
 from oml_dagster.lake.errors import MaintenanceDamage
-from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL, TableSpec, writer_properties
+from oml_dagster.lake.model.tables import (
+    APP_ID,
+    CHECKPOINT_INTERVAL,
+    TableId,
+    TableSpec,
+    writer_properties,
+)
 from oml_dagster.lake.policy import erasure_bound
 from oml_dagster.lake.store.deltalog import Listing, commit_name, list_files, live_files
 from oml_dagster.lake.store.layout import Lake
@@ -177,7 +183,7 @@ class _Table:
 
     lake: Lake
     tenant_id: str
-    name: str
+    table: TableId
     spec: TableSpec
     uri: str
 
@@ -185,7 +191,7 @@ class _Table:
         table = self.lake.open(self.uri)
         if table is None:
             raise MaintenanceDamage(
-                f"{self.name} of tenant {self.tenant_id}: no table at {self.uri}"
+                f"{self.table} of tenant {self.tenant_id}: no table at {self.uri}"
             )
         return table
 
@@ -195,15 +201,17 @@ class _Table:
     def result(
         self, operation: Operation, action: Action, scope: str, **fields: Any
     ) -> MaintenanceResult:
-        return MaintenanceResult(self.tenant_id, self.name, operation, action, scope, **fields)
+        return MaintenanceResult(
+            self.tenant_id, str(self.table), operation, action, scope, **fields
+        )
 
 
 def _optimize(
-    conn: psycopg.Connection, t: _Table, operation: Operation, target_size: int | None
+    conn: psycopg.Connection, t: _Table, *, operation: Operation, target_size: int | None
 ) -> MaintenanceResult:
     """A rewrite under the table's rewrite lock: the table is read (and the rewrite planned)
     only once no other rewrite of it can be under way."""
-    with rewrite_lock(conn, t.tenant_id, t.name):
+    with rewrite_lock(conn, t.tenant_id, t.table):
         return _optimize_locked(t, operation, target_size)
 
 
@@ -312,7 +320,7 @@ def _verify(t: _Table, expected: TableState, after: str) -> None:
     fresh = _state(t.open())
     if fresh != expected:
         raise MaintenanceDamage(
-            f"{t.name} of tenant {t.tenant_id}: after {after} the table reads version "
+            f"{t.table} of tenant {t.tenant_id}: after {after} the table reads version "
             f"{fresh[0]} with txn {fresh[2]} and {len(fresh[1])} files, not version "
             f"{expected[0]}, txn {expected[2]}, {len(expected[1])} files"
         )
@@ -404,7 +412,7 @@ def _vacuum(t: _Table) -> MaintenanceResult:
     missing = sorted(set(live) - set(after.data))
     if missing:
         raise MaintenanceDamage(
-            f"{t.name} of tenant {t.tenant_id}: VACUUM left the log referencing missing files "
+            f"{t.table} of tenant {t.tenant_id}: VACUUM left the log referencing missing files "
             f"{missing[:5]}"
         )
     return t.result(
@@ -462,8 +470,8 @@ def _cleanup_logs(t: _Table) -> MaintenanceResult:
 
 def _tables(lake: Lake, tenant_id: str) -> list[_Table]:
     return [
-        _Table(lake, tenant_id, name, spec, uri)
-        for name, spec, uri in tenant_tables(lake, tenant_id)
+        _Table(lake, tenant_id, table_id, spec, uri)
+        for table_id, spec, uri in tenant_tables(lake, tenant_id)
     ]
 
 
@@ -475,7 +483,10 @@ def compact(
     conn: psycopg.Connection, lake: Lake, tenant_id: str, *, target_size: int | None = None
 ) -> list[MaintenanceResult]:
     """Bin-pack OPTIMIZE of every table of the tenant (each bronze day partition separately)."""
-    return [_optimize(conn, t, COMPACT, target_size) for t in _tables(lake, tenant_id)]
+    return [
+        _optimize(conn, t, operation=COMPACT, target_size=target_size)
+        for t in _tables(lake, tenant_id)
+    ]
 
 
 def zorder(
@@ -483,7 +494,7 @@ def zorder(
 ) -> list[MaintenanceResult]:
     """Z-order OPTIMIZE of every table that declares Z-order columns."""
     return [
-        _optimize(conn, t, ZORDER, target_size)
+        _optimize(conn, t, operation=ZORDER, target_size=target_size)
         for t in _tables(lake, tenant_id)
         if t.spec.zorder_by
     ]
@@ -493,6 +504,7 @@ def _expiring(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
+    *,
     step: Callable[[_Table, int], MaintenanceResult],
 ) -> list[MaintenanceResult]:
     """Run a step that expires files or log entries on every table, each table's retention
@@ -513,25 +525,25 @@ def checkpoint(
     """Checkpoint every table that is CHECKPOINT_INTERVAL versions past its last checkpoint or
     holds expired commits after it."""
     now = now or dt.datetime.now(dt.UTC)
-    return _expiring(conn, lake, tenant_id, lambda t, bound: _checkpoint(t, bound, now))
+    return _expiring(conn, lake, tenant_id, step=lambda t, bound: _checkpoint(t, bound, now))
 
 
 def vacuum(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
     """Full-listing VACUUM of every table with the tenant's bound as retention."""
-    return _expiring(conn, lake, tenant_id, lambda t, bound: _vacuum(t))
+    return _expiring(conn, lake, tenant_id, step=lambda t, bound: _vacuum(t))
 
 
 def cleanup_logs(conn: psycopg.Connection, lake: Lake, tenant_id: str) -> list[MaintenanceResult]:
     """Log cleanup of every table with the tenant's bound as log retention."""
-    return _expiring(conn, lake, tenant_id, lambda t, bound: _cleanup_logs(t))
+    return _expiring(conn, lake, tenant_id, step=lambda t, bound: _cleanup_logs(t))
 
 
 def run_operation(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    operation: Operation,
     *,
+    operation: Operation,
     target_size: int | None = None,
 ) -> list[MaintenanceResult]:
     """One operation (COMPACT, ZORDER, CHECKPOINT, VACUUM or LOG_CLEANUP) for one tenant."""
@@ -551,8 +563,8 @@ def maintain(
     conn: psycopg.Connection,
     lake: Lake,
     tenant_id: str,
-    task: Task = "all",
     *,
+    task: Task = "all",
     target_size: int | None = None,
 ) -> list[MaintenanceResult]:
     """Every operation of `task` (a key of TASKS) for one tenant, in order."""
@@ -560,7 +572,9 @@ def maintain(
         raise ValueError(f"unknown maintenance task {task!r}; one of {', '.join(TASKS)}")
     results: list[MaintenanceResult] = []
     for operation in TASKS[task]:
-        results.extend(run_operation(conn, lake, tenant_id, operation, target_size=target_size))
+        results.extend(
+            run_operation(conn, lake, tenant_id, operation=operation, target_size=target_size)
+        )
     return results
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
@@ -34,19 +34,29 @@ def conform(data: pa.Table, spec: TableSpec) -> pa.Table:
     return data.select(spec.columns).cast(spec.schema)
 
 
-def tenant_tables(lake: Lake, tenant_id: str) -> list[tuple[str, TableSpec, str]]:
-    """Every existing table of a tenant as (name, spec, uri): the four core tables and one
-    curated table per validated workarea (found through gold.areas)."""
-    found: list[tuple[str, TableSpec, str]] = []
+class TenantTable(NamedTuple):
+    """One existing table of a tenant: which table it is, its spec and where it lives."""
+
+    table: TableId
+    spec: TableSpec
+    uri: str
+
+
+def tenant_tables(lake: Lake, tenant_id: str) -> list[TenantTable]:
+    """Every existing table of a tenant: the four core tables and one curated table per
+    validated workarea (found through gold.areas)."""
+    found: list[TenantTable] = []
     for spec in CORE_TABLES:
         uri = lake.table_uri(tenant_id, spec)
         if lake.open(uri) is not None:
-            found.append((spec.name, spec, uri))
+            found.append(TenantTable(TableId(spec.name), spec, uri))
     areas = lake.open(lake.table_uri(tenant_id, GOLD_AREAS))
     if areas is not None:
         for area in read_rows(areas, GOLD_AREAS):
             if area["status"] == "validated":
                 uri = lake.table_uri(tenant_id, GOLD_CURATED, area["workarea_id"])
                 if lake.open(uri) is not None:
-                    found.append((str(TableId.curated(area["workarea_id"])), GOLD_CURATED, uri))
+                    found.append(
+                        TenantTable(TableId.curated(area["workarea_id"]), GOLD_CURATED, uri)
+                    )
     return found

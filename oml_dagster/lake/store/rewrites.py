@@ -11,7 +11,7 @@ import psycopg
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
 
 from oml_dagster.lake import queries
-from oml_dagster.lake.model.tables import TableSpec, writer_properties
+from oml_dagster.lake.model.tables import TableId, TableSpec, writer_properties
 
 # Compaction on the way (ADR 0033): every SMALL_FILES_EVERY versions of a table the writer
 # commits to, the files below the table's target (its `target_file_size`, else
@@ -38,11 +38,11 @@ def maintenance_commit(
 
 @contextmanager
 def rewrite_lock(
-    conn: psycopg.Connection, tenant_id: str, name: str, *, wait: bool = True
+    conn: psycopg.Connection, tenant_id: str, table: TableId, *, wait: bool = True
 ) -> Iterator[bool]:
     """Hold the table's rewrite lock (queries.REWRITE_LOCK) for the block: wait for it, or
     (`wait=False`) yield False at once when another session holds it."""
-    key = (queries.REWRITE_LOCK, f"{tenant_id}:{name}")
+    key = (queries.REWRITE_LOCK, f"{tenant_id}:{table}")
     if wait:
         conn.execute(queries.REWRITE_LOCK_TAKE, key)
         held = True
@@ -60,8 +60,9 @@ def compact_small_files(
     conn: psycopg.Connection,
     table: DeltaTable,
     spec: TableSpec,
+    *,
     tenant_id: str,
-    name: str,
+    table_id: TableId,
     hooks: PostCommitHookProperties | None,
 ) -> int | None:
     """Bin-pack the table's files below its target size (`spec.target_file_size`, else
@@ -73,7 +74,7 @@ def compact_small_files(
     concurrent MERGE of files it read makes it raise CommitFailedError."""
     if table.version() % SMALL_FILES_EVERY:
         return 0
-    with rewrite_lock(conn, tenant_id, name, wait=False) as held:
+    with rewrite_lock(conn, tenant_id, table_id, wait=False) as held:
         if not held:
             return None
         version = table.version()

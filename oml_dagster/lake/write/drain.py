@@ -398,7 +398,7 @@ class _BatchesAhead:
 
     def start(self, fetcher: Fetcher, tenant_id: str, *, after: int, config: WriterConfig) -> None:
         self.by_tenant[tenant_id] = fetcher.fetch_async(
-            tenant_id, after, config.max_batch, config.max_batch_bytes
+            tenant_id, after=after, max_ops=config.max_batch, max_bytes=config.max_batch_bytes
         )
 
     def take(self, tenant_id: str) -> Batch | None:

@@ -65,7 +65,7 @@ def reset_peak() -> bool:
 
 
 def next_cap(
-    cap: int, ops: int, before_mib: float, peak_mib: float, budget_mib: float, least: int
+    cap: int, *, ops: int, before_mib: float, peak_mib: float, budget_mib: float, least: int
 ) -> int:
     """The cap after a batch of `ops` ops under `cap` that raised the resident memory from
     `before_mib` to `peak_mib`. Over the budget: the batch's size scaled down by the share of
@@ -134,5 +134,10 @@ class MemoryGovernor:
         peak = peak_mib()
         if peak is not None and self.budget_mib is not None:
             self.current = next_cap(
-                self.current, ops, self._before, peak, self.budget_mib, self._floor
+                self.current,
+                ops=ops,
+                before_mib=self._before,
+                peak_mib=peak,
+                budget_mib=self.budget_mib,
+                least=self._floor,
             )

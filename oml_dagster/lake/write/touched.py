@@ -159,7 +159,7 @@ def held_events(bronze: DeltaTable | None, journal_seqs: list[int]) -> dict[int,
     if bronze is None or not journal_seqs:
         return {}
     low, high = min(journal_seqs), max(journal_seqs)
-    if not may_hold(bronze, "journal_seq", low, high):
+    if not may_hold(bronze, "journal_seq", low=low, high=high):
         return {}
     held = query(
         bronze, "journal_seq, event_id, hash", f"journal_seq BETWEEN {low} AND {high}"

@@ -34,7 +34,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +47,7 @@ from oml_dagster.lake.errors import (
     VerdictConflict,
 )
 from oml_dagster.lake.ingest.bronze import checked_events, cleared_events
-from oml_dagster.lake.ingest.fetch import Batch, Fetcher
+from oml_dagster.lake.ingest.fetch import Batch, Fetcher, parse_payload
 from oml_dagster.lake.model import catalog
 from oml_dagster.lake.model.catalog import Op
 from oml_dagster.lake.model.tables import (
@@ -174,8 +173,8 @@ class BatchResult:
     def committed(self) -> bool:
         return any(t.action in COMMITS for t in self.tables)
 
-    def outcome(self, table: str | TableId) -> TableOutcome | None:
-        return next((t for t in self.tables if str(t.table) == str(table)), None)
+    def outcome(self, table: TableId) -> TableOutcome | None:
+        return next((t for t in self.tables if t.table == table), None)
 
 
 # An outbox row as the fold and the dead letters take it: (seq, journal_seq, op, payload, the
@@ -282,7 +281,9 @@ class TenantBatch:
         cap = self.config.max_batch
         if ahead is not None and ahead.after == base:
             return ahead.head(cap) if ahead.max_ops > cap else ahead
-        return fetcher.fetch(self.tenant_id, base, cap, self.config.max_batch_bytes)
+        return fetcher.fetch(
+            self.tenant_id, after=base, max_ops=cap, max_bytes=self.config.max_batch_bytes
+        )
 
     def _read_ops(
         self, session: TenantSession, batch: Batch, *, read: BatchRead, areas: list[Row]
@@ -456,9 +457,9 @@ class TenantBatch:
                     conn,
                     handle.table,
                     handle.spec,
-                    self.tenant_id,
-                    str(handle.id),
-                    post_commit_hooks(handle.table),
+                    tenant_id=self.tenant_id,
+                    table_id=handle.id,
+                    hooks=post_commit_hooks(handle.table),
                 )
             except CommitFailedError:
                 self.tables.forget(handle.uri)
@@ -504,12 +505,6 @@ def _refused_in(session: TenantSession, after: int, through: int) -> dict[int, s
     return dict(session.execute(queries.REFUSED_IN, (session.tenant_id, after, through)).fetchall())
 
 
-def _payloads(session: TenantSession, seqs: list[int]) -> dict[int, Any]:
-    """The payloads of ops the fetch sent as columns that the catalog must fold after all."""
-    params = (session.tenant_id, min(seqs), max(seqs), seqs)
-    return dict(session.execute(queries.OUTBOX_PAYLOADS, params).fetchall())
-
-
 def _bodies(session: TenantSession, parsed: list[Op]) -> dict[Key, bytes]:
     """The claim bodies the batch's promotions and repairs carry into silver."""
     keys = {
@@ -539,25 +534,31 @@ def _catalog_ops(
     session: TenantSession, fetched: pa.Table
 ) -> tuple[list[tuple[int, Op | RefusedOp]], list[OutboxRow]]:
     """The fetched rows parsed for the catalog, with the rows themselves (seq, journal_seq, op,
-    payload, origin). Event payloads the fetch took apart are read as a whole."""
-    seqs = fetched["seq"].to_pylist()
-    texts = fetched["payload_json"].to_pylist()
-    missing = [seq for seq, text in zip(seqs, texts, strict=True) if text is None]
-    whole = _payloads(session, missing) if missing else {}
+    payload, origin): each payload from the text the batch's one fetch carried, parsed once."""
     rows: list[OutboxRow] = [
-        (seq, journal_seq, name, orjson.loads(text) if text is not None else whole[seq], origin)
+        (seq, journal_seq, name, parse_payload(text), origin)
         for seq, journal_seq, name, text, origin in zip(
-            seqs,
+            fetched["seq"].to_pylist(),
             fetched["journal_seq"].to_pylist(),
             fetched["op"].to_pylist(),
-            texts,
+            fetched["payload_json"].to_pylist(),
             fetched["origin_journal_seq"].to_pylist(),
             strict=True,
         )
     ]
     tenant_id = session.tenant_id
     ops = [
-        (seq, catalog.parsed(seq, journal_seq, tenant_id, name, payload, origin))
+        (
+            seq,
+            catalog.parsed(
+                name,
+                payload,
+                seq=seq,
+                journal_seq=journal_seq,
+                tenant_id=tenant_id,
+                origin_journal_seq=origin,
+            ),
+        )
         for seq, journal_seq, name, payload, origin in rows
     ]
     return ops, rows
