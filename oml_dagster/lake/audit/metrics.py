@@ -42,7 +42,7 @@ from oml_dagster.lake.audit.doctor import AT_RISK, BREACHED, HOLDS, erasure_verd
 from oml_dagster.lake.audit.freshness import TenantLag, tenant_lags
 from oml_dagster.lake.faults import classify
 from oml_dagster.lake.model import catalog
-from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL
+from oml_dagster.lake.model.tables import APP_ID, CHECKPOINT_INTERVAL, TableId
 from oml_dagster.lake.policy import DEFAULT_CADENCE
 from oml_dagster.lake.queries import cross_scope
 from oml_dagster.lake.store.deltalog import last_checkpoint
@@ -256,7 +256,9 @@ def maintenance_kind(entry: dict[str, object]) -> str | None:
     return None
 
 
-def read_table(lake: Lake, name: str, uri: str, *, small_file_bytes: int) -> TableState | None:
+def read_table(
+    lake: Lake, table_id: TableId, uri: str, *, small_file_bytes: int
+) -> TableState | None:
     """One table's numbers from its Delta log, None when it is gone."""
     table = lake.open(uri)
     if table is None:
@@ -276,7 +278,7 @@ def read_table(lake: Lake, name: str, uri: str, *, small_file_bytes: int) -> Tab
         if checkpoint is not None and entry.get("version") == checkpoint:
             last[CHECKPOINT] = stamp
     return TableState(
-        table=name,
+        table=str(table_id),
         version=version,
         txn_version=table.transaction_version(APP_ID),
         last_commit_at=last_commit,
