@@ -169,7 +169,7 @@ def test_a_scrape_shows_each_tenants_numbers(conn, dsn, lake):
         (c.keys.tenant_id,),
     )
     time.sleep(1.1)
-    maintain(conn, lake, c.keys.tenant_id, "checkpoint")
+    maintain(conn, lake, c.keys.tenant_id, task="checkpoint")
     before = tenant_lags(conn)
     ta, tb, tc = a.keys.tenant_id, b.keys.tenant_id, c.keys.tenant_id
     silver = lake.open(lake.table_uri(ta, SILVER_CLAIMS))
