@@ -65,10 +65,10 @@ def fingerprint(lake: Lake, tenant_id: str) -> dict:
     """Every table of the tenant as (row count, sha256 of its rows in a stable order). No column
     depends on when a drain ran, so a rebuilt lake has the same fingerprint."""
     tables = {}
-    for name, spec, uri in tenant_tables(lake, tenant_id):
+    for table, spec, uri in tenant_tables(lake, tenant_id):
         rows = sorted(repr(sorted(r.items())) for r in read_rows(lake.open(uri), spec))
         digest = hashlib.sha256("\n".join(rows).encode()).hexdigest()
-        tables[name] = {"rows": len(rows), "sha256": digest}
+        tables[str(table)] = {"rows": len(rows), "sha256": digest}
     return tables
 
 
