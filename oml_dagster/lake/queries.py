@@ -278,10 +278,13 @@ VERDICTS_UPSERT = (
 
 # --- the frontier cache ------------------------------------------------------------------------
 
+# Every table of a tenant in one statement: (tenant_id, batch_end, table names, txn versions,
+# table versions), the last three arrays in step.
 FRONTIER_UPSERT = (
     "INSERT INTO oml.lake_frontier"
     " (tenant_id, table_name, batch_end, txn_version, table_version)"
-    " VALUES (%s, %s, %s, %s, %s)"
+    " SELECT %s, t.name, %s, t.txn, t.version"
+    " FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS t (name, txn, version)"
     " ON CONFLICT (tenant_id, table_name) DO UPDATE SET"
     " batch_end = EXCLUDED.batch_end, txn_version = EXCLUDED.txn_version,"
     " table_version = EXCLUDED.table_version, updated_at = now()"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,11 +19,23 @@ from oml_dagster.lake.model.tables import (
     SILVER_CLAIMS,
     Key,
     Row,
+    TableSpec,
 )
-from oml_dagster.lake.store.lookups import FileKeys, may_hold
+from oml_dagster.lake.store.lookups import may_hold
 from oml_dagster.lake.store.reads import query
 
 _LIGHT = ("artifact_id", "version", "simulation_id", "sim_derived_ids", "workarea_id")
+
+
+class RowLookup(Protocol):
+    """Where the rows a batch touches are looked up (`OpenTables`: from a small table kept
+    whole, or from the data files' match columns)."""
+
+    def rows_with(
+        self, table: DeltaTable, spec: TableSpec, matches: Mapping[str, Collection[str]]
+    ) -> list[Row]: ...
+
+    def whole_rows(self, table: DeltaTable, spec: TableSpec) -> list[Row] | None: ...
 
 
 def matching_silver_keys(
@@ -31,6 +44,7 @@ def matching_silver_keys(
     sims: Collection[str],
     tainted: Collection[str],
     workareas: Collection[str],
+    whole: list[Row] | None = None,
 ) -> set[Key]:
     """Keys of the silver rows a simulation end or a validation reads: rows of an ending
     simulation (`sims`), rows derived from a tainted one, rows of a validated workarea. Matched
@@ -40,6 +54,14 @@ def matching_silver_keys(
     def strings(values: Collection[str]) -> pa.Array:
         return pa.array(sorted(values), pa.string())
 
+    if whole is not None:  # the table's every row, kept: matched row by row
+        return {
+            (r["artifact_id"], r["version"])
+            for r in whole
+            if r["simulation_id"] in sims
+            or r["workarea_id"] in workareas
+            or any(d in tainted for d in r["sim_derived_ids"] or ())
+        }
     sims_in, tainted_in, workareas_in = strings(sims), strings(tainted), strings(workareas)
     fields = {name: SILVER_CLAIMS.schema.field(name).type for name in _LIGHT}
     keys: set[Key] = set()
@@ -82,10 +104,11 @@ def touched_rows(
     silver: DeltaTable | None,
     lineage: DeltaTable | None,
     curated: Mapping[str, DeltaTable],
-    files: FileKeys,
+    lookup: RowLookup,
 ) -> TouchedRows:
-    """Every existing row the batch's `ops` can touch (through `files`, which keeps the data
-    files' match columns between batches); `curated` maps each validated area to its table."""
+    """Every existing row the batch's `ops` can touch (through `lookup`, which keeps small
+    tables whole and the data files' match columns between batches); `curated` maps each
+    validated area to its table."""
     claim_keys = {
         (op.args["artifact_id"], op.args["version"]) for op in ops if op.name.startswith("claim.")
     }
@@ -111,10 +134,14 @@ def touched_rows(
         sought = set(claim_keys)
         if sims or validations:
             sought |= matching_silver_keys(
-                silver, sims=sims, tainted=tainted, workareas=validations
+                silver,
+                sims=sims,
+                tainted=tainted,
+                workareas=validations,
+                whole=lookup.whole_rows(silver, SILVER_CLAIMS),
             )
         if sought:
-            rows = files.rows_with(silver, SILVER_CLAIMS, {"artifact_id": {k[0] for k in sought}})
+            rows = lookup.rows_with(silver, SILVER_CLAIMS, {"artifact_id": {k[0] for k in sought}})
             for row in rows:
                 key = (row["artifact_id"], row["version"])
                 if key in sought:
@@ -123,7 +150,7 @@ def touched_rows(
     lineage_rows: list[Row] = []
     if lineage is not None and (edge_ids or sims):
         matches = {"edge_id": edge_ids, "simulation_id": sims}
-        lineage_rows = files.rows_with(lineage, GOLD_LINEAGE, matches)
+        lineage_rows = lookup.rows_with(lineage, GOLD_LINEAGE, matches)
 
     # Curated rows a demote, erase or repair reaches: routed by the silver row's workarea.
     retracted = {
@@ -139,7 +166,7 @@ def touched_rows(
             if k not in silver_rows or silver_rows[k]["workarea_id"] == workarea_id
         }
         if wanted:
-            rows = files.rows_with(table, GOLD_CURATED, {"artifact_id": {k[0] for k in wanted}})
+            rows = lookup.rows_with(table, GOLD_CURATED, {"artifact_id": {k[0] for k in wanted}})
             curated_rows[workarea_id] = tuple(
                 r for r in rows if (r["artifact_id"], r["version"]) in wanted
             )

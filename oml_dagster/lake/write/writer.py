@@ -231,7 +231,7 @@ class TenantBatch:
         self.tables, self.lake = tables, tables.lake
         self.tenant_id = queries.tenant_text(tenant_id)
         self.config = config
-        self.commits = commits
+        self.commits = _KeepingWhole(tables, commits)
         self._handles: dict[TableId, TableHandle] = {}
 
     @contextlib.contextmanager
@@ -348,7 +348,7 @@ class TenantBatch:
             silver=self._handles[TableId(SILVER_CLAIMS.name)].table,
             lineage=self._handles[TableId(GOLD_LINEAGE.name)].table,
             curated=curated,
-            files=self.tables.keys,
+            lookup=self.tables,
         )
 
     # --- fold ------------------------------------------------------------------------------
@@ -436,13 +436,18 @@ class TenantBatch:
 
     def _update_frontier(self, conn: psycopg.Connection, batch_end: int) -> None:
         """Refresh the frontier cache: each table is drained through `batch_end`."""
+        handles = list(self._handles.values())
         with tenant_scope(conn, self.tenant_id) as session:
-            for h in self._handles.values():
-                version = h.table.version() if h.table is not None else None
-                session.execute(
-                    queries.FRONTIER_UPSERT,
-                    (session.tenant_id, str(h.id), batch_end, h.txn, version),
-                )
+            session.execute(
+                queries.FRONTIER_UPSERT,
+                (
+                    session.tenant_id,
+                    batch_end,
+                    [str(h.id) for h in handles],
+                    [h.txn for h in handles],
+                    [h.table.version() if h.table is not None else None for h in handles],
+                ),
+            )
 
     def _compact_on_the_way(self, conn: psycopg.Connection, result: BatchResult) -> None:
         """Once the batch is recorded, bin-pack the small files of the tables it wrote to, every
@@ -452,6 +457,7 @@ class TenantBatch:
         for handle in self._handles.values():
             if handle.id not in wrote or handle.table is None:
                 continue
+            before = handle.table.version()
             try:
                 replaced = compact_small_files(
                     conn,
@@ -466,6 +472,26 @@ class TenantBatch:
                 continue
             if replaced:  # a packing commit moved the version, not the txn: no log read for it
                 self.tables.keep(handle.uri, handle.table, handle.txn)
+                self.tables.repacked(handle.uri, before, handle.table.version())
+
+
+class _KeepingWhole(CommitObserver):
+    """The batch's observer: the caller's observer hears each commit, then a landed one brings
+    the tables kept whole forward (`OpenTables.landed`)."""
+
+    def __init__(self, tables: OpenTables, then: CommitObserver | None):
+        self.tables, self.then = tables, then or CommitObserver()
+
+    def before(self, commit: TableCommit) -> None:
+        self.then.before(commit)
+
+    def landed(self, commit: TableCommit) -> None:
+        self.then.landed(commit)
+        spec = GOLD_CURATED if commit.table.workarea_id else _CORE_SPECS[commit.table.spec_name]
+        self.tables.landed(commit, spec)
+
+
+_CORE_SPECS = {spec.name: spec for spec in CORE_TABLES}
 
 
 def drain_tenant(
@@ -621,8 +647,11 @@ def _working_state(read: BatchRead) -> TenantState:
 
 
 def _record_verdicts(conn: psycopg.Connection, read: BatchRead, refused: Mapping[int, str]) -> None:
-    """Record this batch's refusals and decided frontier before any table commits; another
-    writer that decided first wins, and a disagreement stops this run."""
+    """Record this batch's refusals and decided frontier before any table commits, in one
+    transaction: another writer that decided first wins (its rows stand, ours are not
+    inserted), and a disagreement stops this run with nothing of its verdicts recorded. The
+    check reads after the inserts, in a snapshot of its own (READ COMMITTED), so it sees what
+    a writer that decided first committed."""
     by_seq = {r[0]: r for r in read.rows}
     tenant_id, decided, batch_end = read.tenant_id, read.decided, read.batch_end
     with tenant_scope(conn, tenant_id) as session:
@@ -632,10 +661,9 @@ def _record_verdicts(conn: psycopg.Connection, read: BatchRead, refused: Mapping
                 session, seq=seq, journal_seq=journal_seq, op=name, payload=payload, reason=reason
             )
         session.execute(queries.VERDICTS_UPSERT, (tenant_id, batch_end))
-    with tenant_scope(conn, tenant_id) as session:
         stored = _refused_in(session, decided, batch_end)
-    if set(stored) != set(refused):
-        raise VerdictConflict(
-            f"tenant {tenant_id}: recorded refusals in ({decided}, {batch_end}] differ from "
-            f"this run's: {sorted(set(stored) ^ set(refused))}"
-        )
+        if set(stored) != set(refused):
+            raise VerdictConflict(
+                f"tenant {tenant_id}: recorded refusals in ({decided}, {batch_end}] differ from "
+                f"this run's: {sorted(set(stored) ^ set(refused))}"
+            )
