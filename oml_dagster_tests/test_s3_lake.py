@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from oml_dagster.lake.store.lookups import FileKeys
+from oml_dagster.lake.store.open_tables import OpenTables
 from oml_dagster.lake.write.drain import DrainPolicy, drain
 from oml_dagster.lake.write.writer import WriterConfig, drain_tenant
 from oml_dagster_tests.helpers import LakeView, lake_snapshot
@@ -77,6 +78,8 @@ def test_lookups_by_query_on_s3_give_the_lake_lookups_by_reading_give(
         return found
 
     monkeypatch.setattr(FileKeys, "rows_with", counting)
+    # Lookups in the files, not in small tables kept whole (ADR 0078).
+    monkeypatch.setattr(OpenTables, "WHOLE_MOST_ROWS", 0)
     monkeypatch.setattr(FileKeys, "QUERY_FROM_ROWS", 0)
     monkeypatch.setattr(FileKeys, "QUERY_ROWS_PER_VALUE", 0)
     config = WriterConfig(max_batch=9, txn_lag_limit=4)

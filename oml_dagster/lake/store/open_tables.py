@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,9 +20,6 @@ from oml_dagster.lake.store import deltalog
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.lookups import FileKeys
 from oml_dagster.lake.store.reads import read_table
-
-if TYPE_CHECKING:
-    from oml_dagster.lake.write.commit import TableCommit
 
 
 @dataclass
@@ -182,22 +179,25 @@ class OpenTables:
         if whole is not None:
             self._whole_bytes -= whole.nbytes
 
-    def landed(self, commit: TableCommit, spec: TableSpec) -> None:
-        """The writer's own commit landed: a table kept whole at the version before it is brought
-        to the commit's version with its rows (a MERGE here updates or inserts whole rows by the
-        merge key and deletes none; an append inserts; a txn-only commit changes no row). Any
-        other kept state of the table is dropped, to be read again."""
-        whole = self._whole.get(commit.uri)
-        if commit.version is None or not spec.merge_key:
+    def landed(
+        self, uri: str, *, operation: str, version: int, rows: pa.Table, spec: TableSpec
+    ) -> None:
+        """The writer's own commit (`operation`: create, append, merge or txn-only, of `rows` in
+        the spec's schema) landed at `version`: a table kept whole at the version before it is
+        brought forward with its rows (a MERGE here updates or inserts whole rows by the merge
+        key and deletes none; an append inserts; a txn-only commit changes no row). Any other
+        kept state of the table is dropped, to be read again."""
+        if not spec.merge_key:
             return
-        if commit.operation == "create" or whole is None or whole.version != commit.version - 1:
-            self._drop_whole(commit.uri)
+        whole = self._whole.get(uri)
+        if operation == "create" or whole is None or whole.version != version - 1:
+            self._drop_whole(uri)
             return
-        for row in commit.rows.to_pylist():
+        for row in rows.to_pylist():
             whole.rows[tuple(row[c] for c in spec.merge_key)] = row
-        whole.version = commit.version
-        self._whole_bytes += commit.rows.nbytes
-        whole.nbytes += commit.rows.nbytes
+        whole.version = version
+        self._whole_bytes += rows.nbytes
+        whole.nbytes += rows.nbytes
 
     def repacked(self, uri: str, before: int, after: int) -> None:
         """The table moved from `before` to `after` by rewrites that change no row (small files

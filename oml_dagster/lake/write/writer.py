@@ -487,8 +487,16 @@ class _KeepingWhole(CommitObserver):
 
     def landed(self, commit: TableCommit) -> None:
         self.then.landed(commit)
+        if commit.version is None:
+            return
         spec = GOLD_CURATED if commit.table.workarea_id else _CORE_SPECS[commit.table.spec_name]
-        self.tables.landed(commit, spec)
+        self.tables.landed(
+            commit.uri,
+            operation=commit.operation,
+            version=commit.version,
+            rows=commit.rows,
+            spec=spec,
+        )
 
 
 _CORE_SPECS = {spec.name: spec for spec in CORE_TABLES}
