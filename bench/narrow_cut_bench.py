@@ -269,6 +269,22 @@ def insert_lsn(conn: psycopg.Connection) -> str:
     return str(queries.scalar(conn.execute("SELECT pg_current_wal_insert_lsn()")))
 
 
+@contextlib.contextmanager
+def wal_kept(conn: psycopg.Connection, walinspect: bool) -> Iterator[None]:
+    """The WAL written from here on kept until the block ends (a temporary physical slot of this
+    session, gone with it at the latest), so a checkpoint elsewhere in the cluster cannot
+    recycle it before pg_walinspect reads it."""
+    if not walinspect:
+        yield
+        return
+    name = f"narrow_cut_{uuid.uuid4().hex[:8]}"
+    conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (name,))
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+
+
 def wal_between(conn: psycopg.Connection, start: str, end: str, walinspect: bool) -> dict:
     """WAL bytes from `start` to `end`: the cluster's, and this database's own (records on its
     relations, and the other records of the transactions that wrote those), read before the
@@ -336,10 +352,11 @@ def producer_round(
                 conn.execute(TRIGGERS[variant])
             conn.execute("TRUNCATE oml.outbox, oml.outbox_queue RESTART IDENTITY")
             conn.execute("CHECKPOINT")
-            start = insert_lsn(conn)
-            seconds = produce(conn, rows, per_transaction)
-            end = insert_lsn(conn)
-            wal = wal_between(conn, start, end, walinspect)
+            with wal_kept(conn, walinspect):
+                start = insert_lsn(conn)
+                seconds = produce(conn, rows, per_transaction)
+                end = insert_lsn(conn)
+                wal = wal_between(conn, start, end, walinspect)
             if not synchronous_commit:
                 conn.execute("SET synchronous_commit = off")
             queued = queries.scalar(conn.execute("SELECT count(*) FROM oml.outbox_queue"))
@@ -422,6 +439,19 @@ def fetch_tenant(conn: psycopg.Connection, tenant_id: str, passes: int) -> tuple
     return [rows / t for t in times], digest
 
 
+def explain_batch(conn: psycopg.Connection, tenant_id: str, after: int) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of one batch of the fetch (the statement `narrow_sql` set), in
+    the tenant's scope as the Fetcher runs it."""
+    with queries.tenant_scope(conn, tenant_id):
+        conn.execute("PREPARE batch (uuid, bigint, bigint, bigint) AS " + fetch_module.BATCH_SQL)
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)"
+            f" EXECUTE batch ('{tenant_id}', {after}, {BATCH}, {MAX_BATCH_BYTES})"
+        ).fetchall()
+        conn.execute("DEALLOCATE batch")
+    return "\n".join(line for (line,) in plan)
+
+
 def cut_round(
     dsn: str,
     snapshot: Snapshot,
@@ -430,18 +460,32 @@ def cut_round(
     tenant_id: str,
     passes: int,
     walinspect: bool,
+    explain: bool,
 ) -> dict:
     snapshot.restore()
     with psycopg.connect(dsn, autocommit=True) as conn, narrow_sql(form):
         conn.execute("CHECKPOINT")
-        start = insert_lsn(conn)
-        started = time.perf_counter()
-        report = sequencer.sequence(conn, limit)
-        seconds = time.perf_counter() - started
-        end = insert_lsn(conn)
-        wal = wal_between(conn, start, end, walinspect)
+        with wal_kept(conn, walinspect):
+            start = insert_lsn(conn)
+            started = time.perf_counter()
+            report = sequencer.sequence(conn, limit)
+            seconds = time.perf_counter() - started
+            end = insert_lsn(conn)
+            wal = wal_between(conn, start, end, walinspect)
         found = peeks(conn)
         rates, digest = fetch_tenant(conn, tenant_id, passes)
+        if explain:
+            first = queries.scalar(
+                conn.execute(
+                    "SELECT min(seq) FROM oml.outbox_seq WHERE tenant_id = %s"
+                    if form == "narrow"
+                    else "SELECT min(seq) FROM oml.outbox WHERE tenant_id = %s",
+                    (tenant_id,),
+                )
+            )
+            print(
+                f"--- {form}: one batch of the fetch\n{explain_batch(conn, tenant_id, first + BATCH)}"
+            )
         return {
             "sequenced": report.sequenced,
             "deferred": report.deferred_rows,
@@ -507,6 +551,7 @@ def print_table(summary: dict, walinspect: bool) -> None:
     rows = [
         ("2. cut, s per 100k rows", "cut_s_per_100k", "{:.3f}"),
         ("   cut, WAL MB per 100k rows", f"{wal_key}_per_100k", "MB"),
+        ("   cut, cluster WAL MB per 100k", "wal_per_100k", "MB"),
         ("3. fetch, rows/s (best pass)", "fetch_best_rows_per_s", "{:,.0f}"),
         ("4. peek after cut, first, ms", "any_unsequenced_first_ms", "{:.2f}"),
         ("   peek after cut, ms", "any_unsequenced_ms", "{:.2f}"),
@@ -517,6 +562,10 @@ def print_table(summary: dict, walinspect: bool) -> None:
     print(f"  {'':<32}{'today':>14}{'narrow':>14}{'narrow/today':>14}")
     for label, key, fmt in rows:
         a, b = today[key], narrow[key]
+        if a is None or b is None:  # WAL recycled before it was read: the cluster's figure
+            key = key.replace("own_wal", "wal")
+            label += " (cluster)"
+            a, b = today[key], narrow[key]
         if fmt == "MB":
             text_a, text_b = f"{a / 2**20:.1f}", f"{b / 2**20:.1f}"
         else:
@@ -537,6 +586,9 @@ def main() -> None:
     )
     parser.add_argument("--passes", type=int, default=3, help="fetch passes per round")
     parser.add_argument("--synchronous-commit", action="store_true")
+    parser.add_argument(
+        "--explain", action="store_true", help="print a fetch batch's plan in the first round"
+    )
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
 
@@ -567,7 +619,7 @@ def main() -> None:
             if not args.synchronous_commit:
                 conn.execute("SET synchronous_commit = off")
             shapes = {
-                "one act (2 rows/tx)": (2, rows[: max(producer_rows // 10, 200)]),
+                "one act (2 rows/tx)": (2, rows[: max(producer_rows // 5, 200)]),
                 "100 rows/tx": (100, rows[:producer_rows]),
             }
             # one unmeasured pass first: the first statements in a new database pay its caches
@@ -609,6 +661,7 @@ def main() -> None:
                         tenants[0].tenant_id,
                         args.passes,
                         walinspect,
+                        args.explain and n == 0,
                     )
                     for form in order
                 }
