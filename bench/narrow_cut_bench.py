@@ -12,22 +12,25 @@ fresh database with the project's migrations applied (`_support.fresh_database`)
 Measured in one run, each figure beside its baseline:
 
 1. producers: N outbox rows COPYed as the simulator's producer writes them (signed, chained
-   `journal.event` payloads of about 1.4 kB), without the trigger, with a row trigger and with
-   a statement trigger (a transition table), in two shapes: one act per transaction (2 rows) and
-   100 rows per transaction; rows/s and WAL bytes per row, the variants alternating in every
-   round on a truncated outbox after a checkpoint. Producers commit without waiting for the
+   `journal.event` payloads of about 1.5 kB stored), without the trigger, with a row trigger and
+   with a statement trigger (a transition table), in two shapes: one act per transaction (2 rows)
+   and 100 rows per transaction; rows/s, the server process's CPU per row (from /proc: the
+   server is local) and WAL bytes per row, the variants alternating in every round
+   (`--producer-rounds`) on a truncated outbox after a checkpoint. Producers commit without waiting for the
    flush here (`synchronous_commit = off`, unless `--synchronous-commit`), so the trigger's
    share is the largest it can be;
 2. the cut of `--rows` rows: the real `sequencer.sequence` against the same function with the
    narrow SQL in place of the outbox's (the very `SEQUENCE_ASSIGN`, its pending rows read from
    the queue and its `UPDATE` replaced by an `INSERT` into the seq table and the queue's
-   `DELETE`, in one statement under the same lock): seconds and WAL bytes per 100,000 rows. Both
+   `DELETE`, in one statement under the same lock): seconds, server CPU and WAL bytes per 100,000
+   rows. Both
    run on a copy of the same backlog (a template), after a checkpoint; the numbering of both is
    checked equal;
 3. the fetch: one tenant's sequenced rows in batches of 5,000 through the real `Fetcher`, its
-   `BATCH_SQL` as it is, and with the one subquery that reads the outbox by seq replaced by a
-   join from the seq table to the outbox by id (the outbox rows where producers left them,
-   interleaved by tenant as `--interleave` says); rows/s, the two results checked equal;
+   `BATCH_SQL` as it is, and with the one subquery that reads the outbox by seq replaced by the
+   batch's seqs from the seq table, each joined to its outbox row by id (the outbox rows where
+   producers left them, interleaved by tenant as `--interleave` says); rows/s (best of
+   `--passes`) and rows per server CPU second, the two results checked equal;
 4. finding unsequenced rows right after the cut (the `--rows` cut leaves 5 % of the backlog):
    the first call and the median of five of today's peek (`ANY_UNSEQUENCED`) and per-tenant count
    (`SEQUENCE_PENDING`) against the same on the queue.
@@ -36,7 +39,8 @@ WAL is counted two ways: the cluster's insert position before and after (`wal`, 
 in whatever else the cluster writes meanwhile), and, with pg_walinspect, the records that touch
 this database's relations or belong to its transactions (`own wal`, the figure quoted).
 
-    .venv/bin/python bench/narrow_cut_bench.py --rows 100000 --rounds 3 --json out.json
+    .venv/bin/python bench/narrow_cut_bench.py --json out.json     # 100,000 rows: about 2 min
+    .venv/bin/python bench/narrow_cut_bench.py --tenants 20 --interleave 1 --rounds 2
 """
 
 from __future__ import annotations
