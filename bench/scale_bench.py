@@ -112,38 +112,51 @@ def dsn() -> str:
 # --- the run containers' CPU, from their cgroups ------------------------------------------------
 
 
-def _cgroup_dirs(container_id: str) -> list[Path]:
+def _cgroup_dirs(container_id: str, controller: str) -> list[Path]:
+    """Where a container's cgroup of `controller` (cpu, cpuacct) may be: cgroup v1 (the
+    controllers mounted apart or together; the cgroupfs or systemd driver), or v2."""
     root = Path("/sys/fs/cgroup")
-    return [
-        root / "cpu,cpuacct" / "docker" / container_id,  # v1, cgroupfs driver
-        root / "cpuacct" / "docker" / container_id,
-        root / "cpu,cpuacct" / "system.slice" / f"docker-{container_id}.scope",  # v1, systemd
-        root / "system.slice" / f"docker-{container_id}.scope",  # v2, systemd
-        root / "docker" / container_id,  # v2, cgroupfs
+    found = []
+    for mount in (controller, "cpu,cpuacct"):
+        found += [
+            root / mount / "docker" / container_id,
+            root / mount / "system.slice" / f"docker-{container_id}.scope",
+        ]
+    return found + [
+        root / "system.slice" / f"docker-{container_id}.scope",
+        root / "docker" / container_id,
     ]
 
 
+def _first(paths: list[Path]) -> Path | None:
+    return next((p for p in paths if p.exists()), None)
+
+
 def container_cpu(container_id: str) -> dict | None:
-    """CPU seconds used, CFS periods and throttled periods of a running container (None when
-    its cgroup is gone)."""
-    for d in _cgroup_dirs(container_id):
-        stat = d / "cpu.stat"
-        if not stat.exists():
-            continue
-        try:
-            fields = dict(line.split() for line in stat.read_text().splitlines() if line.strip())
-            if (d / "cpuacct.usage").exists():  # v1
-                used = int((d / "cpuacct.usage").read_text()) / 1e9
-            else:  # v2
-                used = int(fields["usage_usec"]) / 1e6
-        except (OSError, KeyError, ValueError):
+    """CPU seconds used, CFS periods and throttled periods, and the CFS quota in cores of a
+    running container (None when its cgroup is gone)."""
+    try:
+        usage = _first([d / "cpuacct.usage" for d in _cgroup_dirs(container_id, "cpuacct")])
+        stat = _first([d / "cpu.stat" for d in _cgroup_dirs(container_id, "cpu")])
+        if stat is None:
             return None
-        return {
-            "cpu_s": used,
-            "periods": int(fields.get("nr_periods", 0)),
-            "throttled": int(fields.get("nr_throttled", 0)),
-        }
-    return None
+        fields = dict(line.split() for line in stat.read_text().splitlines() if line.strip())
+        if usage is not None:  # v1
+            used = int(usage.read_text()) / 1e9
+            quota_us = int((stat.parent / "cpu.cfs_quota_us").read_text())
+            period_us = int((stat.parent / "cpu.cfs_period_us").read_text())
+        else:  # v2: usage in cpu.stat, the quota in cpu.max ("max 100000" without one)
+            used = int(fields["usage_usec"]) / 1e6
+            limit, period = (stat.parent / "cpu.max").read_text().split()
+            quota_us, period_us = (-1 if limit == "max" else int(limit)), int(period)
+    except (OSError, KeyError, ValueError):
+        return None
+    return {
+        "cpu_s": used,
+        "periods": int(fields.get("nr_periods", 0)),
+        "throttled": int(fields.get("nr_throttled", 0)),
+        "quota_cores": quota_us / period_us if quota_us > 0 else None,
+    }
 
 
 def shard_containers() -> dict[str, dict]:
@@ -191,6 +204,8 @@ def cpu_between(first: dict[str, dict], last: dict[str, dict], seconds: float) -
         if seconds > 0
         else [],
         "throttled_share": round(throttled / periods, 3) if periods else None,
+        # The quota the kernel enforces on each (CFS quota / period), as docker set it.
+        "cgroup_quota_cores": sorted({last[i]["quota_cores"] for i in common}, key=str),
     }
 
 
