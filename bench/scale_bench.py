@@ -495,7 +495,7 @@ def main() -> int:
         "--warmup", type=float, default=15.0, help="seconds after the first op before the window"
     )
     parser.add_argument(
-        "--drain-cap", type=float, default=120.0, help="seconds to wait for the drain after"
+        "--drain-cap", type=float, default=90.0, help="seconds to wait for the drain after"
     )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     parser.add_argument("--idle", type=float, default=5.0, help="idle seconds before the stream")
