@@ -335,6 +335,7 @@ def measure(k: int, q: float, tenants: int, args: argparse.Namespace) -> dict:
                 code = stream_state(stream)
                 if code is not None:
                     stream_end = t
+                    result["backlog_at_stream_end"] = sample["backlog_ops"]
                     window["end"] = (t, sample["batches"], cpu_snapshot(standing["containers"]))
                     logs = run("docker", "logs", stream, check=False)
                     result["producer_report"] = logs.strip().splitlines()[:2]
@@ -380,9 +381,7 @@ def measure(k: int, q: float, tenants: int, args: argparse.Namespace) -> dict:
                 # The same over the steady window only (after the first pass, when it ended).
                 "window_lag_p50_s": round(_pct(steady_lags, 0.50), 1),
                 "window_lag_p95_s": round(_pct(steady_lags, 0.95), 1),
-                "backlog_at_stream_end": samples[-1]["backlog_ops"]
-                if gone_at is None
-                else next((s["backlog_ops"] for s in samples if not s["streaming"]), 0),
+                "backlog_at_drain_end": samples[-1]["backlog_ops"],
                 "drain_s": round(gone_at - stream_end, 1) if gone_at is not None else None,
                 "drain_cap_s": args.drain_cap,
                 "shard_cpu": cpu_between(c0, c1, t1 - t0),
@@ -392,7 +391,7 @@ def measure(k: int, q: float, tenants: int, args: argparse.Namespace) -> dict:
         result["quota_used"] = round(cpu["cores"] / (k * q), 3) if cpu["cores"] else None
         # The writers' own count, once every writer has flushed (every 15 s while polling).
         time.sleep(args.counter_wait)
-        result["tenant_batches_total"] = samples[-1]["batches"]
+        result["tenant_batches_total"] = int(conn.execute(BATCHES).fetchone()[0])
         result["writer_counter_batches"] = int(conn.execute(COUNTER_BATCHES).fetchone()[0])
         result["runs"] = [list(r) for r in conn.execute(RUNS).fetchall()]
         # Runs of other jobs (each a container under the same quota, outside the shard CPU
