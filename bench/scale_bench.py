@@ -31,8 +31,8 @@ A tenant batch is one batch of one tenant committed by the writer; every batch a
 tenant's bronze.events (each act journals an event), so the count is the sum over tenants of
 bronze.events' Delta version + 1 as the frontier cache records it after each batch
 (`oml.lake_frontier.table_version`), read each sample. The writers' own counter of committed
-batches (`oml.lake_writer_counters`, batch_seconds_count, flushed every 15 s) is reported beside
-it after the drain as a cross-check.
+batches (`oml.lake_writer_counters`, batch_seconds_count) is reported beside it after the drain
+as a cross-check: flushed at a pass's end, at most every 15 s, it trails by up to a pass.
 
     python3 bench/scale_bench.py --quick                  # 1x0.25 and 2x0.25, 100 tenants, 60 s
     python3 bench/scale_bench.py --json scale.json        # the matrix: 4 configs x 100, 1000
