@@ -71,6 +71,21 @@ def compose_ci() -> dict:
     return yaml.safe_load((DOCKER / "compose.ci.yaml").read_text())
 
 
+def compose_scale() -> dict:
+    return yaml.safe_load((DOCKER / "compose.scale.yaml").read_text())
+
+
+def container_context(environment: dict, **variables: str) -> dict:
+    """The code location's DAGSTER_CONTAINER_CONTEXT as compose hands it over: each
+    `${NAME:-default}` replaced by `variables[NAME]`, else its default."""
+    text = re.sub(
+        r"\$\{([A-Z0-9_]+):-([^}]*)\}",
+        lambda m: variables.get(m[1], m[2]),
+        environment["DAGSTER_CONTAINER_CONTEXT"],
+    )
+    return yaml.safe_load(text)
+
+
 def run_launcher() -> dict:
     return yaml.safe_load((DOCKER / "run_launcher.yaml").read_text())["run_launcher"]
 
@@ -280,11 +295,35 @@ def test_the_ci_override_keeps_every_server_on_loopback_and_pulls_no_image():
     for name in ("webserver", "daemon"):
         assert "./ci/workspace.yaml:/opt/dagster/app/workspace.yaml:ro" in ci[name]["volumes"]
     # A setting a run reads reaches the run containers through the code location's context.
-    context = yaml.safe_load(ci["code"]["environment"]["DAGSTER_CONTAINER_CONTEXT"])
+    context = container_context(ci["code"]["environment"])
     assert (
         "OML_SHARD_RUN_SECONDS=" + ci["code"]["environment"]["OML_SHARD_RUN_SECONDS"]
         in (context["docker"]["env_vars"])
     )
+
+
+def test_every_run_container_gets_the_cpu_quota_the_operator_sets():
+    """OML_RUN_NANO_CPUS reaches the DockerRunLauncher as `nano_cpus` of the code location's
+    container context (merged into every run container's settings; ADR 0069), unset or 0 no
+    quota, in the stack and under the CI override; the scaling bench's override sets the shard
+    count and the quota from its own variables, for the code location and its runs alike."""
+    for environment in (compose()["services"]["code"]["environment"],
+                        compose_ci()["services"]["code"]["environment"]):  # fmt: skip
+        assert container_context(environment)["docker"]["container_kwargs"] == {"nano_cpus": 0}
+        quota = container_context(environment, OML_RUN_NANO_CPUS="250000000")
+        assert quota["docker"]["container_kwargs"] == {"nano_cpus": 250_000_000}
+    # The launcher's own container settings stay (the context's are merged over them, key by
+    # key): the quota is not one of them.
+    assert "nano_cpus" not in run_launcher()["config"]["container_kwargs"]
+    scale = compose_scale()["services"]["code"]["environment"]
+    context = container_context(scale, OML_SCALE_SHARDS="2", OML_RUN_NANO_CPUS="500000000")
+    assert context["docker"]["container_kwargs"] == {"nano_cpus": 500_000_000}
+    assert "OML_DRAIN_SHARDS=2" in context["docker"]["env_vars"]
+    assert scale["OML_DRAIN_SHARDS"] == "${OML_SCALE_SHARDS:-4}"
+    assert (
+        "OML_SHARD_RUN_SECONDS=${OML_SCALE_RUN_SECONDS:-1800}" in scale["DAGSTER_CONTAINER_CONTEXT"]
+    )
+    assert scale["OML_SHARD_RUN_SECONDS"] == "${OML_SCALE_RUN_SECONDS:-1800}"
 
 
 def test_the_exporter_and_prometheus_run_in_the_stack_on_loopback_in_ci():
@@ -400,7 +439,7 @@ def test_helm_and_compose_run_the_same_code_location():
     assert helm_env["OML_MAX_BATCH"] == settings_set["OML_MAX_BATCH"]
     # What compose hands its run containers through the container context is what it sets on
     # the code location (Helm's includeConfigInLaunchedRuns copies the whole env).
-    context = yaml.safe_load(code["environment"]["DAGSTER_CONTAINER_CONTEXT"])
+    context = container_context(code["environment"])
     for pair in context["docker"]["env_vars"]:
         name, _, value = pair.partition("=")
         assert settings_set[name] == value, pair
