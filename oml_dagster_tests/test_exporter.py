@@ -33,12 +33,13 @@ from oml_dagster.lake.audit.reconcile import reconcile
 from oml_dagster.lake.audit.reconcile import record as record_checks
 from oml_dagster.lake.faults import EXIT_PERMANENT, EXIT_USAGE, RetryPolicy, classify
 from oml_dagster.lake.ingest import sequencer
-from oml_dagster.lake.model.tables import APP_ID, SILVER_CLAIMS
+from oml_dagster.lake.model.tables import APP_ID, SILVER_CLAIMS, TableId
 from oml_dagster.lake.store.deltalog import last_checkpoint
 from oml_dagster.lake.store.layout import Lake
 from oml_dagster.lake.store.maintenance import maintain
 from oml_dagster.lake.write.counters import WriterCounters
 from oml_dagster.lake.write.drain import DrainPolicy, drain, drain_riding_through
+from oml_dagster.lake.write.writer import BatchResult, TableOutcome
 from oml_dagster.simulate import acts, producer
 from oml_testbed.fault_proxy import FaultProxy
 from oml_testbed.s3_server import _free_loopback_port, lake_env, new_bucket, store_options
@@ -499,6 +500,35 @@ def test_writer_counters_survive_a_failed_flush(dsn):
         ).fetchone()
     assert rows == [(5.0,)]
     assert beats == 2
+
+
+def test_writer_counters_flush_within_a_long_pass(dsn):
+    """A pass over many tenants can outlast the flush interval many times: the counts and the
+    heartbeat reach PostgreSQL after the batch that passes the interval, not only at the pass's
+    end, and not after every batch."""
+    tenant_id = str(uuid.uuid4())
+    counters = WriterCounters(lambda: psycopg.connect(dsn, autocommit=True), flush_seconds=1.0)
+    result = BatchResult(tenant_id, 0, 5, ops=5)
+    result.tables.append(TableOutcome(TableId("bronze.events"), "committed", version=1))
+
+    def committed() -> float:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT value FROM oml.lake_writer_counters"
+                " WHERE tenant_id = %s AND name = 'commits'",
+                (tenant_id,),
+            ).fetchone()
+        return row[0] if row else 0.0
+
+    counters.batch_ended(result)
+    assert committed() == 0.0  # within the interval: kept
+    time.sleep(1.05)
+    counters.batch_ended(result)  # the interval passed, mid-pass: flushed
+    assert committed() == 2.0
+    counters.batch_ended(result)
+    assert committed() == 2.0
+    counters.flush()
+    assert committed() == 3.0
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ metrics exporter reads them, so they reach Prometheus from every writer run, sho
 without a Pushgateway and without a port per run.
 
 A writer keeps its increments in memory and adds them to the running totals in one statement
-at most every `flush_seconds` (and when its drain ends). A flush that fails keeps the increments
+at most every `flush_seconds`, looked at after every batch (a pass over many tenants can last
+minutes: the heartbeat must not go stale while the writer works), and when its drain ends. A flush that fails keeps the increments
 for the next one: a lost PostgreSQL session delays counts, never loses or doubles them. Every
 flush also touches the writers' heartbeat row, whose age tells the exporter a writer is alive."""
 
@@ -39,6 +40,7 @@ class WriterCounters:
     flush_seconds: float = FLUSH_SECONDS
     pending: dict[tuple[str | None, str, str], float] = field(default_factory=dict)
     flushed_at: float = field(default_factory=time.monotonic)
+    tried_at: float = field(default_factory=time.monotonic)  # the last flush, failed or not
     mark: float = field(default_factory=time.monotonic)  # when the current batch began
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -56,11 +58,17 @@ class WriterCounters:
         if result.committed:
             self.add(result.tenant_id, BATCH_SECONDS_SUM, "", took)
             self.add(result.tenant_id, BATCH_SECONDS_COUNT, "", 1)
+        self._flush_when_due()
 
     def pass_ended(self) -> None:
-        self.mark = time.monotonic()
-        if self.mark - self.flushed_at >= self.flush_seconds:
+        self._flush_when_due()
+
+    def _flush_when_due(self) -> None:
+        """A flush once `flush_seconds` passed since the last one tried (a failed one is not
+        tried again at every batch); the next batch's time starts after it."""
+        if time.monotonic() - self.tried_at >= self.flush_seconds:
             self.flush()
+        self.mark = time.monotonic()
 
     def retried(self, fault: Fault) -> None:
         self.add(None, RETRIES_COUNTER, fault.cause, 1)
@@ -68,6 +76,7 @@ class WriterCounters:
     def flush(self) -> bool:
         """Add the increments to PostgreSQL's totals and touch the heartbeat; False (the
         increments kept) when PostgreSQL cannot be reached or refuses."""
+        self.tried_at = time.monotonic()
         with self.lock:
             taken, self.pending = self.pending, {}
         taken[(None, HEARTBEAT_COUNTER, "")] = taken.get((None, HEARTBEAT_COUNTER, ""), 0) + 1
