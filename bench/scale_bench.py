@@ -57,6 +57,7 @@ from pathlib import Path
 os.environ.setdefault("OML_SMOKE_PROJECT", "oml-scale")
 
 HERE = Path(__file__).resolve().parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "deploy"))
 sys.path.insert(0, str(HERE))
@@ -179,6 +180,46 @@ def shard_containers() -> dict[str, dict]:
 
 def cpu_snapshot(ids) -> dict[str, dict]:
     return {i: s for i in ids if (s := container_cpu(i)) is not None}
+
+
+def outside_containers(stream: str) -> dict[str, str]:
+    """The containers outside the quotas (the stack's services and the stream): id -> name."""
+    ids = run(
+        "docker", "ps", "-q", "--no-trunc",
+        "--filter", f"label=com.docker.compose.project={smoke.PROJECT}",
+    ).split()  # fmt: skip
+    ids += run("docker", "ps", "-q", "--no-trunc", "--filter", f"name=^{stream}$").split()
+    found = {}
+    for c in json.loads(run("docker", "inspect", *ids)) if ids else []:
+        found[c["Id"]] = c["Config"]["Labels"].get("com.docker.compose.service") or "stream"
+    return found
+
+
+def host_busy() -> tuple[float, float]:
+    """The host's CPU seconds (all CPUs) busy and in total since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    total = sum(fields[:8])  # user..steal (guest time is inside user)
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+def outside_snapshot(names: dict[str, str]) -> tuple[dict[str, dict], tuple[float, float]]:
+    return cpu_snapshot(names), host_busy()
+
+
+def outside_between(first, last, names: dict[str, str], seconds: float) -> dict:
+    """Cores each service outside the quotas used over a window, and the host's busy cores."""
+    (c0, (busy0, _)), (c1, (busy1, _)) = first, last
+    per: dict[str, float] = {}
+    for i in sorted(set(c0) & set(c1)):
+        name = names.get(i, "?")
+        per[name] = per.get(name, 0.0) + (c1[i]["cpu_s"] - c0[i]["cpu_s"]) / seconds
+    return {
+        "cores_by_service": {n: round(v, 3) for n, v in sorted(per.items())},
+        "cores": round(sum(per.values()), 3),
+        "host_busy_cores": round((busy1 - busy0) / seconds, 3),
+        "host_cores": os.cpu_count(),
+    }
 
 
 def cpu_between(first: dict[str, dict], last: dict[str, dict], seconds: float) -> dict:
@@ -307,6 +348,8 @@ def measure(k: int, q: float, tenants: int, args: argparse.Namespace) -> dict:
         samples: list[dict] = []
         stream_end = first_op = first_pass = gone_at = None
         window: dict = {}
+        outside: dict = {}  # the same points for the containers outside the quotas, and the host
+        outside_names = outside_containers(stream)
         while True:
             tick = time.monotonic()
             t = tick - started
@@ -330,13 +373,16 @@ def measure(k: int, q: float, tenants: int, args: argparse.Namespace) -> dict:
                 warm = first_op is not None and t >= first_op + args.warmup
                 if warm and "warm" not in window:
                     window["warm"] = (t, sample["batches"], cpu_snapshot(standing["containers"]))
+                    outside["warm"] = outside_snapshot(outside_names)
                 if warm and first_pass is not None and "steady" not in window:
                     window["steady"] = (t, sample["batches"], cpu_snapshot(standing["containers"]))
+                    outside["steady"] = outside_snapshot(outside_names)
                 code = stream_state(stream)
                 if code is not None:
                     stream_end = t
                     result["backlog_at_stream_end"] = sample["backlog_ops"]
                     window["end"] = (t, sample["batches"], cpu_snapshot(standing["containers"]))
+                    outside["end"] = outside_snapshot(outside_names)
                     logs = run("docker", "logs", stream, check=False)
                     result["producer_report"] = logs.strip().splitlines()[:2]
                     if code != 0:
@@ -358,8 +404,9 @@ def measure(k: int, q: float, tenants: int, args: argparse.Namespace) -> dict:
         # op; when the first pass outlasts the stream less MIN_WINDOW, the window opens at the
         # warm-up and the figure includes first batches (said in the result).
         steady = window.get("steady")
+        steady_outside = outside.get("steady")
         if steady is None or window["end"][0] - steady[0] < MIN_WINDOW:
-            steady = window["warm"]
+            steady, steady_outside = window["warm"], outside["warm"]
         (t0, b0, c0), (t1, b1, c1) = steady, window["end"]
         during = [s["lag_s"] for s in samples if s["streaming"] and s["t"] >= (first_op or 0)]
         steady_lags = [s["lag_s"] for s in samples if s["streaming"] and t0 <= s["t"] <= t1]
@@ -385,6 +432,11 @@ def measure(k: int, q: float, tenants: int, args: argparse.Namespace) -> dict:
                 "drain_s": round(gone_at - stream_end, 1) if gone_at is not None else None,
                 "drain_cap_s": args.drain_cap,
                 "shard_cpu": cpu_between(c0, c1, t1 - t0),
+                # What the rest of the stack used beside the shards, and the host in all: when
+                # the host is busy on every core, the shards' unused quota is the host's bound.
+                "outside_cpu": outside_between(
+                    steady_outside, outside["end"], outside_names, t1 - t0
+                ),
             }
         )
         cpu = result["shard_cpu"]
@@ -403,7 +455,10 @@ def measure(k: int, q: float, tenants: int, args: argparse.Namespace) -> dict:
         f"{name}, {tenants} tenants: {result['tenant_batches_per_s']} tenant batches/s, lag p50 "
         f"{result['lag_p50_s']} s p95 {result['lag_p95_s']} s, drain {result['drain_s']} s, "
         f"shard CPU {cpu['cores']} cores ({result['quota_used']} of the quota, "
-        f"throttled {cpu['throttled_share']}), {result['elapsed_s']} s"
+        f"throttled {cpu['throttled_share']}); outside the quotas "
+        f"{result['outside_cpu']['cores_by_service']}, host busy "
+        f"{result['outside_cpu']['host_busy_cores']} of {result['outside_cpu']['host_cores']} "
+        f"cores; {result['elapsed_s']} s"
     )
     return result
 
@@ -419,9 +474,10 @@ def table(results: list[dict]) -> str:
         lines.append(f"\n{tenants} tenants")
         lines.append(
             "| config | shard cores | tenant batches/s | vs 1x0.25 | lag p50 s | lag p95 s "
-            "| window p95 s | drain s | shard CPU (cores) | of quota | throttled | first pass s |"
+            "| window p95 s | drain s | shard CPU (cores) | of quota | throttled | first pass s "
+            "| outside the quotas (cores) | host busy (cores) |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             if "failure" in r:
                 lines.append(f"| {r['config']} | {r['shard_cores']:g} | failed: {r['failure']} |")
@@ -433,6 +489,7 @@ def table(results: list[dict]) -> str:
             )
             drain = r["drain_s"] if r["drain_s"] is not None else f"> {r['drain_cap_s']:g}"
             cpu = r["shard_cpu"]
+            outside = r.get("outside_cpu", {})
             first = r["first_pass_s"] if r["first_pass_s"] is not None else "-"
             # *: the window includes first batches (the first pass outlasted the stream).
             mark = "" if r["window_after_first_pass"] else "*"
@@ -441,7 +498,8 @@ def table(results: list[dict]) -> str:
                 f"| {ratio if ratio is not None else '-'} | {r['lag_p50_s']} | {r['lag_p95_s']} "
                 f"| {r['window_lag_p95_s']} "
                 f"| {drain} | {cpu['cores']} | {r['quota_used']} | {cpu['throttled_share']} "
-                f"| {first} |"
+                f"| {first} | {outside.get('cores', '-')} "
+                f"| {outside.get('host_busy_cores', '-')} of {outside.get('host_cores', '-')} |"
             )
     return "\n".join(lines)
 
