@@ -5,10 +5,12 @@ a child drain runs."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import platform
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -115,3 +117,32 @@ def child_env(root: str, **settings: str) -> dict[str, str]:
     if env.get("_RJEM_MALLOC_CONF") == getattr(oml_dagster, "JEMALLOC_CONF", None):
         del env["_RJEM_MALLOC_CONF"]
     return env
+
+
+def promoted_events(keys: producer.TenantKeys, n: int) -> list[dict]:
+    """A chain of `n` signed `claim.promoted` journal events of one tenant (journal_seq 1..n), as
+    producers write them; ids derived from the tenant and the seq, so a run repeats."""
+    prev = producer.GENESIS_HASH
+    at = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    tenant = uuid.UUID(keys.tenant_id)
+    payloads = []
+    for journal_seq in range(1, n + 1):
+        artifact = str(uuid.uuid5(tenant, f"artifact {journal_seq}"))
+        event = producer.Event(
+            "claim.promoted",
+            {"artifact_id": artifact, "version": 1, "ciphertext_digest": "ab" * 32},
+            artifact_id=artifact,
+            version=1,
+            provenance="agent",
+        )
+        payload, prev = producer.journal_entry(
+            keys,
+            keys.tenant_id,
+            journal_seq,
+            prev,
+            event,
+            at + dt.timedelta(seconds=journal_seq),
+            str(uuid.uuid5(tenant, f"event {journal_seq}")),
+        )
+        payloads.append(payload)
+    return payloads

@@ -22,7 +22,6 @@ import json
 import os
 import tempfile
 import time
-import uuid
 
 import psycopg
 import pyarrow as pa
@@ -37,35 +36,14 @@ from oml_dagster.lake.write.memory import release_memory, resident_mib
 from oml_dagster.simulate import producer
 
 try:
-    from bench._support import fresh_database, machine
+    from bench._support import fresh_database, machine, promoted_events
 except ImportError:  # run as a script
-    from _support import fresh_database, machine
+    from _support import fresh_database, machine, promoted_events
 
 
 def write_events(conn: psycopg.Connection, keys: producer.TenantKeys, n: int) -> list[dict]:
     """COPY `n` chained journal events of one tenant into the outbox; returns their payloads."""
-    prev = producer.GENESIS_HASH
-    at = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-    payloads = []
-    for journal_seq in range(1, n + 1):
-        artifact = str(uuid.UUID(int=journal_seq, version=4))
-        event = producer.Event(
-            "claim.promoted",
-            {"artifact_id": artifact, "version": 1, "ciphertext_digest": "ab" * 32},
-            artifact_id=artifact,
-            version=1,
-            provenance="agent",
-        )
-        payload, prev = producer.journal_entry(
-            keys,
-            keys.tenant_id,
-            journal_seq,
-            prev,
-            event,
-            at + dt.timedelta(seconds=journal_seq),
-            str(uuid.UUID(int=n + journal_seq, version=4)),
-        )
-        payloads.append(payload)
+    payloads = promoted_events(keys, n)
     with (
         conn.cursor() as cur,
         cur.copy("COPY oml.outbox (tenant_id, journal_seq, op, payload) FROM STDIN") as copy,

@@ -62,7 +62,7 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _support import Snapshot, fresh_database, machine  # noqa: E402
+from _support import Snapshot, fresh_database, machine, promoted_events  # noqa: E402
 
 from oml_dagster.lake import queries  # noqa: E402
 from oml_dagster.lake.ingest import fetch as fetch_module  # noqa: E402
@@ -240,30 +240,13 @@ def journal_rows(
     """Each tenant's chain of signed `claim.promoted` journal events (as bronze_bench writes
     them), the tenants' rows taken `interleave` at a time in turn, as concurrent producers
     leave them in the heap."""
-    at = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-    chains = []
-    for keys in tenants:
-        prev, rows = producer.GENESIS_HASH, []
-        for journal_seq in range(1, per_tenant + 1):
-            artifact = str(uuid.uuid4())
-            event = producer.Event(
-                "claim.promoted",
-                {"artifact_id": artifact, "version": 1, "ciphertext_digest": "ab" * 32},
-                artifact_id=artifact,
-                version=1,
-                provenance="agent",
-            )
-            payload, prev = producer.journal_entry(
-                keys,
-                keys.tenant_id,
-                journal_seq,
-                prev,
-                event,
-                at + dt.timedelta(seconds=journal_seq),
-                str(uuid.uuid4()),
-            )
-            rows.append((keys.tenant_id, journal_seq, "journal.event", json.dumps(payload)))
-        chains.append(rows)
+    chains = [
+        [
+            (keys.tenant_id, p["journal_seq"], "journal.event", json.dumps(p))
+            for p in promoted_events(keys, per_tenant)
+        ]
+        for keys in tenants
+    ]
     out: list[tuple[str, int, str, str]] = []
     for start in range(0, per_tenant, interleave):
         for rows in chains:

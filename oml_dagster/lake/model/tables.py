@@ -119,6 +119,10 @@ class TableSpec:
         # Cached: the fold reads it once per op.
         return tuple(self.schema.names)
 
+    def key_of(self, row: Row) -> Key:
+        """`row`'s merge key: its values of the `merge_key` columns, in order."""
+        return tuple(row[c] for c in self.merge_key)
+
     def configuration(self, erasure_bound_seconds: int) -> dict[str, str]:
         """Delta table properties; retention equals the tenant's lake erasure bound."""
         interval = f"interval {int(erasure_bound_seconds)} seconds"
@@ -285,7 +289,7 @@ class KeyedWork:
     found: dict[Key, Row] = field(default_factory=dict)
 
     def key_of(self, row: Row) -> Key:
-        return tuple(row[c] for c in self.spec.merge_key)
+        return self.spec.key_of(row)
 
     def get(self, key: Key) -> Row | None:
         return self.rows.get(key)

@@ -163,7 +163,7 @@ class OpenTables:
                 return None
         data = read_table(table, spec)
         self.whole_read += 1
-        rows = {tuple(r[c] for c in spec.merge_key): r for r in data.to_pylist()}
+        rows = {spec.key_of(r): r for r in data.to_pylist()}
         self._keep_whole(uri, _Whole(version, rows, data.nbytes))
         return self._whole[uri]
 
@@ -171,6 +171,11 @@ class OpenTables:
         self._drop_whole(uri)
         self._whole[uri] = whole
         self._whole_bytes += whole.nbytes
+        self._within_bytes()
+
+    def _within_bytes(self) -> None:
+        """The least recently used tables dropped until what is kept is within WHOLE_BYTES (the
+        one used last stays, whatever its size)."""
         while self._whole_bytes > self.WHOLE_BYTES and len(self._whole) > 1:
             self._drop_whole(next(iter(self._whole)))
 
@@ -194,10 +199,11 @@ class OpenTables:
             self._drop_whole(uri)
             return
         for row in rows.to_pylist():
-            whole.rows[tuple(row[c] for c in spec.merge_key)] = row
+            whole.rows[spec.key_of(row)] = row
         whole.version = version
         self._whole_bytes += rows.nbytes
         whole.nbytes += rows.nbytes
+        self._within_bytes()
 
     def repacked(self, uri: str, before: int, after: int) -> None:
         """The table moved from `before` to `after` by rewrites that change no row (small files

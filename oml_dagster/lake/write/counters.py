@@ -5,9 +5,10 @@ without a Pushgateway and without a port per run.
 
 A writer keeps its increments in memory and adds them to the running totals in one statement
 at most every `flush_seconds`, looked at after every batch (a pass over many tenants can last
-minutes: the heartbeat must not go stale while the writer works), and when its drain ends. A flush that fails keeps the increments
-for the next one: a lost PostgreSQL session delays counts, never loses or doubles them. Every
-flush also touches the writers' heartbeat row, whose age tells the exporter a writer is alive."""
+minutes: the heartbeat must not go stale while the writer works), and when its drain ends. A
+flush that fails keeps the increments for the next one: a lost PostgreSQL session delays
+counts, never loses or doubles them. Every flush also touches the writers' heartbeat row, whose
+age tells the exporter a writer is alive."""
 
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ class WriterCounters:
     connect: Callable[[], psycopg.Connection]
     flush_seconds: float = FLUSH_SECONDS
     pending: dict[tuple[str | None, str, str], float] = field(default_factory=dict)
-    flushed_at: float = field(default_factory=time.monotonic)
     tried_at: float = field(default_factory=time.monotonic)  # the last flush, failed or not
     mark: float = field(default_factory=time.monotonic)  # when the current batch began
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,5 +100,4 @@ class WriterCounters:
                     if key[1] != HEARTBEAT_COUNTER:
                         self.pending[key] = self.pending.get(key, 0.0) + taken[key]
             return False
-        self.flushed_at = time.monotonic()
         return True

@@ -489,17 +489,13 @@ class _KeepingWhole(CommitObserver):
         self.then.landed(commit)
         if commit.version is None:
             return
-        spec = GOLD_CURATED if commit.table.workarea_id else _CORE_SPECS[commit.table.spec_name]
         self.tables.landed(
             commit.uri,
             operation=commit.operation,
             version=commit.version,
             rows=commit.rows,
-            spec=spec,
+            spec=commit.table.spec,
         )
-
-
-_CORE_SPECS = {spec.name: spec for spec in CORE_TABLES}
 
 
 def drain_tenant(
@@ -624,8 +620,7 @@ def _working_state(read: BatchRead) -> TenantState:
 
     def keyed(spec_name: str, workarea_id: str | None = None) -> KeyedWork:
         table_id = TableId(spec_name, workarea_id)
-        spec = GOLD_CURATED if workarea_id else next(s for s in CORE_TABLES if s.name == spec_name)
-        return KeyedWork(spec, txn=read.txns[table_id])
+        return KeyedWork(table_id.spec, txn=read.txns[table_id])
 
     touched = read.touched
     state = TenantState(
